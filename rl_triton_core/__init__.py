@@ -1,0 +1,30 @@
+"""rl_triton_core: RL credit assignment as one associative linear-recurrence scan.
+
+Every estimator (GAE, TD(lambda) and discounted returns, V-trace, Retrace(lambda),
+eligibility traces, episodic sums) is a first-order linear recurrence
+
+    backward:  h_t = alpha_t + beta_t * h_{t+1},   h_T = 0 (or ``init``)
+    forward:   h_t = alpha_t + beta_t * h_{t-1},   h_{-1} = init
+
+whose coefficients are built from the raw inputs inside one Triton kernel on CUDA
+tensors, or inside one compiled (numba) loop on CPU tensors.
+"""
+
+from rl_triton_core.estimators import (
+    discounted_returns,
+    eligibility_traces,
+    episodic_cumsum,
+    gae,
+    lambda_returns,
+    linear_recurrence,
+)
+
+__all__ = [
+    "gae",
+    "lambda_returns",
+    "discounted_returns",
+    "eligibility_traces",
+    "episodic_cumsum",
+    "linear_recurrence",
+]
+__version__ = "0.1.0"
