@@ -1,0 +1,287 @@
+"""The one Triton kernel: a chunked affine scan with coefficients built in registers.
+
+    backward (REVERSE): h_t = alpha_t + beta_t * h_{t+1},  h_T     = init (0)
+    forward:            h_t = alpha_t + beta_t * h_{t-1},  h_{-1}  = init (0)
+
+A program owns BLOCK_N streams and walks its time range in BLOCK_T chunks,
+carrying h across chunks, so T is unbounded. Inside a chunk the (alpha, beta)
+pairs are combined with ``tl.associative_scan``. Every estimator is one MODE:
+its coefficients are built from the raw inputs in registers (one pass over
+memory). Every tensor is addressed as [N1, N2, T] through its own strides
+(``_layout``), so time-major, batch-major, trailing features and broadcast
+flags all run without a copy.
+
+When there are too few streams to fill the GPU (a flat RLlib stream, 16 long
+sequences), the time axis is also split into S segments (grid axis 1):
+PHASE 1 stores each segment's composed map (A, B) in a workspace, PHASE 2
+composes the maps of the other segments into the carry entering its own
+segment and writes the outputs. PHASE 0 is the single-pass case (S = 1).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+MODE_LINREC = 0  # alpha = X, beta = V
+MODE_GAE = 1  # A_t = delta_t + gamma lambda (1 - done_t) A_{t+1}; OUT1 = A + V
+MODE_TDLAMBDA = 2  # TD(lambda) / discounted returns
+MODE_TRACE = 3  # forward: z_t = x_t + gamma lambda (1 - done_{t-1}) z_{t-1}
+
+
+@triton.jit
+def _combine(a1, b1, a2, b2):
+    # (a1, b1) is applied first, then (a2, b2): h -> a2 + b2 * (a1 + b1 * h)
+    return a2 + b2 * a1, b1 * b2
+
+
+@triton.jit
+def _ld(ptr, o1, o2, t, s1, s2, st, mask, FP64: tl.constexpr):
+    x = tl.load(ptr + o1 * s1 + o2 * s2 + t * st, mask=mask, other=0)
+    if FP64:
+        return x.to(tl.float64)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _column(h, cols, idx):
+    return tl.sum(tl.where(cols == idx, h, 0.0), axis=1)
+
+
+@triton.jit
+def _coefficients(
+    X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
+    TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
+    G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
+    o1, o2, t, m, T,
+    MODE: tl.constexpr, HAS_V: tl.constexpr, HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr,
+    HAS_BOOT: tl.constexpr, G_TENSOR: tl.constexpr, L_TENSOR: tl.constexpr, FP64: tl.constexpr,
+):
+    """(alpha, beta, v) of one [BLOCK_N, BLOCK_T] tile; v is the values tile (GAE's 2nd output)."""
+    if FP64:
+        one = tl.full([], 1.0, tl.float64)
+        gamma = g_hi * one + g_lo * one
+        lmbda = l_hi * one + l_lo * one
+    else:
+        gamma = g_hi
+        lmbda = l_hi
+    x = _ld(X, o1, o2, t, sx1, sx2, sxt, m, FP64)
+    if MODE == 0:
+        beta = _ld(V, o1, o2, t, sv1, sv2, svt, m, FP64)
+        return x, beta, x
+    elif MODE == 3:
+        # forward trace: decay of z_{t-1} uses the transition out of step t-1
+        tp = tl.maximum(t - 1, 0)
+        mp = m & (t >= 1)
+        notdone = 1.0 - _ld(TERM, o1, o2, tp, sa1, sa2, sat, mp, FP64)
+        if G_TENSOR:
+            gamma = _ld(G, o1, o2, tp, sg1, sg2, sgt, m, FP64)
+        if L_TENSOR:
+            lmbda = _ld(L, o1, o2, tp, sl1, sl2, slt, m, FP64)
+        return x, gamma * lmbda * notdone, x
+    else:
+        # rewards = X; terminated/truncated step-aligned; V' explicit or shifted
+        term = _ld(TERM, o1, o2, t, sa1, sa2, sat, m, FP64)
+        if HAS_TRUNC:
+            done = tl.maximum(term, _ld(TRUNC, o1, o2, t, sb1, sb2, sbt, m, FP64))
+        else:
+            done = term
+        if G_TENSOR:
+            gamma = _ld(G, o1, o2, t, sg1, sg2, sgt, m, FP64)
+        if L_TENSOR:
+            lmbda = _ld(L, o1, o2, t, sl1, sl2, slt, m, FP64)
+        if HAS_V:
+            v = _ld(V, o1, o2, t, sv1, sv2, svt, m, FP64)
+        else:
+            v = x * 0.0
+        if HAS_NV:
+            nv = _ld(NV, o1, o2, t, snv1, snv2, snvt, m, FP64)
+        else:
+            last = t == T - 1
+            if HAS_V:
+                nv = _ld(V, o1, o2, t + 1, sv1, sv2, svt, m & (t + 1 < T), FP64)
+            else:
+                nv = x * 0.0
+            if HAS_BOOT:
+                boot = tl.load(BOOT + o1 * sc1 + o2 * sc2, mask=m & last, other=0)
+                if FP64:
+                    boot = boot.to(tl.float64)
+                else:
+                    boot = boot.to(tl.float32)
+                nv = tl.where(last, boot, nv)
+        gnt = gamma * (1.0 - term)
+        if MODE == 1:
+            alpha = x + gnt * nv - v
+            beta = gamma * lmbda * (1.0 - done)
+        else:
+            c = tl.where(t == T - 1, 0.0, 1.0 - done)
+            alpha = x + gnt * (1.0 - lmbda * c) * nv
+            beta = gnt * lmbda * c
+        return alpha, beta, v
+
+
+@triton.jit
+def scan_kernel(
+    OUT0, OUT1, so1, so2, sot,
+    X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
+    TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
+    G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
+    INIT, si1, si2, WS,
+    N, N2, T, SEG_LEN, S,
+    MODE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr,
+    HAS_V: tl.constexpr, HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr,
+    G_TENSOR: tl.constexpr, L_TENSOR: tl.constexpr, HAS_INIT: tl.constexpr,
+    TWO_OUT: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    nmask = n < N
+    n1 = n // N2
+    n2 = n % N2
+    o1 = n1[:, None]
+    o2 = n2[:, None]
+    nm2 = nmask[:, None]
+    cols = tl.arange(0, BLOCK_T)[None, :]
+    if FP64:
+        zero = tl.zeros([BLOCK_N], dtype=tl.float64)
+    else:
+        zero = tl.zeros([BLOCK_N], dtype=tl.float32)
+
+    t_lo = pid_s * SEG_LEN
+    t_hi = tl.minimum(t_lo + SEG_LEN, T)
+
+    # carry entering this segment: init, composed with the other segments' maps
+    carry = zero
+    if HAS_INIT:
+        carry = tl.load(INIT + n1 * si1 + n2 * si2, mask=nmask, other=0).to(zero.dtype)
+    if PHASE == 1:
+        carry_a = zero
+        carry_b = zero + 1.0
+    if PHASE == 2:
+        s_idx = tl.arange(0, BLOCK_S)[None, :]
+        if REVERSE:
+            sm = nm2 & (s_idx > pid_s) & (s_idx < S)
+        else:
+            sm = nm2 & (s_idx < pid_s)
+        w_off = s_idx.to(tl.int64) * N + n[:, None]
+        wa = tl.load(WS + w_off, mask=sm, other=0.0).to(zero.dtype)
+        wb = tl.load(WS + S * N + w_off, mask=sm, other=1.0).to(zero.dtype)
+        ca, cb = tl.associative_scan((wa, wb), 1, _combine, reverse=REVERSE)
+        if REVERSE:
+            carry = _column(ca, s_idx, 0) + _column(cb, s_idx, 0) * carry
+        else:
+            carry = _column(ca, s_idx, BLOCK_S - 1) + _column(cb, s_idx, BLOCK_S - 1) * carry
+
+    n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
+    for kk in range(0, n_chunks):
+        if REVERSE:
+            k = n_chunks - 1 - kk
+        else:
+            k = kk
+        t = (t_lo + k * BLOCK_T + cols).to(tl.int64)
+        m = nm2 & (t < t_hi)
+        alpha, beta, v = _coefficients(
+            X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
+            TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
+            G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
+            o1, o2, t, m, T,
+            MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, FP64,
+        )
+        alpha = tl.where(m, alpha, 0.0)
+        beta = tl.where(m, beta, 1.0)
+        A, B = tl.associative_scan((alpha, beta), 1, _combine, reverse=REVERSE)
+        if REVERSE:
+            edge = 0
+        else:
+            edge = BLOCK_T - 1
+        if PHASE == 1:
+            carry_a = _column(A, cols, edge) + _column(B, cols, edge) * carry_a
+            carry_b = _column(B, cols, edge) * carry_b
+        else:
+            h = A + B * carry[:, None]
+            p_out = o1 * so1 + o2 * so2 + t * sot
+            tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+            if TWO_OUT:
+                tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
+            carry = _column(h, cols, edge)
+
+    if PHASE == 1:
+        w_off = pid_s.to(tl.int64) * N + n
+        tl.store(WS + w_off, carry_a, mask=nmask)
+        tl.store(WS + S * N + w_off, carry_b, mask=nmask)
+
+
+# ----------------------------------------------------------------------------- launcher
+
+_SM_COUNT: dict = {}
+# Tests set this to force the segmented (parallel-over-time) path on small shapes.
+FORCE_SEGMENT_LEN: int | None = None
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: small, so tests reach the segmented path
+    idx = device.index if device.index is not None else 0
+    sms = _SM_COUNT.get(idx)
+    if sms is None:
+        import torch
+
+        sms = _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return sms
+
+
+def _plan(N: int, T: int, time_contiguous: bool, device):
+    """Tile shape and time segmentation: (BLOCK_N, BLOCK_T, SEG_LEN, S)."""
+    if time_contiguous:
+        block_n, block_t = 16, 64
+    else:
+        block_n, block_t = 64, 16
+    block_n = min(block_n, max(2, triton.next_power_of_2(N)))
+    n_blocks = triton.cdiv(N, block_n)
+    if FORCE_SEGMENT_LEN is not None:
+        seg = max(block_t, FORCE_SEGMENT_LEN // block_t * block_t)
+    else:
+        target = 4 * _sm_count(device)
+        seg = T
+        if n_blocks < target and T > 8 * block_t:
+            want = min(triton.cdiv(target, n_blocks), triton.cdiv(T, 4 * block_t), 1024)
+            seg = triton.cdiv(triton.cdiv(T, want), block_t) * block_t
+    S = max(1, triton.cdiv(T, seg))
+    if S == 1:
+        seg = max(T, 1)
+    return block_n, block_t, seg, S
+
+
+def launch(mode, reverse, out0, out1, so, x, v, nv, term, trunc, boot, g, l, init, N, N2, T,
+           two_out, fp64, time_contiguous):
+    """Launch the scan. Each tensor argument is ``(tensor or None, s1, s2, st)``
+    (``boot``/``init``: ``(tensor or None, s1, s2)``; ``g``/``l``:
+    ``(tensor or None, s1, s2, st, hi, lo)`` with the scalar split in two float32s)."""
+    import torch
+
+    device = out0.device
+    block_n, block_t, seg, S = _plan(N, T, time_contiguous, device)
+    dummy = out0
+
+    def P(a):  # (tensor or None, strides...) -> kernel arguments
+        return (a[0] if a[0] is not None else dummy, *a[1:])
+
+    args = [out0, out1 if out1 is not None else out0, *so]
+    args += [*P(x), *P(v), *P(nv), *P(term), *P(trunc), *P(boot), *P(g), *P(l), *P(init)]
+    flags = dict(
+        MODE=mode, REVERSE=reverse, HAS_V=v[0] is not None, HAS_NV=nv[0] is not None,
+        HAS_TRUNC=trunc[0] is not None, HAS_BOOT=boot[0] is not None,
+        G_TENSOR=g[0] is not None, L_TENSOR=l[0] is not None, HAS_INIT=init[0] is not None,
+        TWO_OUT=two_out, FP64=fp64, BLOCK_N=block_n, BLOCK_T=block_t,
+        BLOCK_S=max(2, triton.next_power_of_2(S)),
+    )
+    grid = (triton.cdiv(N, block_n), S)
+    if S == 1:
+        scan_kernel[grid](*args, dummy, N, N2, T, seg, S, PHASE=0, **flags)
+        return
+    ws = torch.empty((2, S, N), device=device, dtype=torch.float64 if fp64 else torch.float32)
+    scan_kernel[grid](*args, ws, N, N2, T, seg, S, PHASE=1, **flags)
+    scan_kernel[grid](*args, ws, N, N2, T, seg, S, PHASE=2, **flags)
