@@ -2,8 +2,9 @@
 
 Same modes, same coefficient formulas, same segmentation of the time axis
 (so a single long stream uses every core), float64 arithmetic. Inputs are
-numpy views of the torch tensors as [N1, N2, T] (strided, no copy); missing
-inputs arrive as 0-stride dummies with a ``has_*`` switch.
+numpy views of the torch tensors as [N1, N2, T] (strided, no copy). Like the
+kernel's constexpr flags, the mode and the optional inputs are compile-time
+constants of one specialised function per variant (built on first use).
 """
 
 from __future__ import annotations
@@ -13,96 +14,129 @@ import os
 import numba
 import numpy as np
 
-from rl_triton_core._triton_scan import MODE_GAE, MODE_LINREC, MODE_TDLAMBDA, MODE_TRACE
+from rl_triton_core._triton_scan import MODE_GAE, MODE_LINREC, MODE_TRACE
 
-_CACHE = os.environ.get("RL_TRITON_CORE_NUMBA_CACHE", "1") == "1"
-
-
-@numba.njit(inline="always", cache=_CACHE)
-def _coefficients(mode, i, j, t, T, x, v, nv, term, trunc, boot, g, l,
-                  has_v, has_nv, has_trunc):
-    """(alpha_t, beta_t, v_t) of stream (i, j) at step t; see _triton_scan._coefficients."""
-    xt = float(x[i, j, t])
-    if mode == MODE_LINREC:
-        return xt, float(v[i, j, t]), xt
-    if mode == MODE_TRACE:
-        tp = max(t - 1, 0)
-        notdone = 1.0 - float(term[i, j, tp]) if t >= 1 else 1.0
-        return xt, float(g[i, j, tp]) * float(l[i, j, tp]) * notdone, xt
-    gamma = float(g[i, j, t])
-    lmbda = float(l[i, j, t])
-    te = float(term[i, j, t])
-    done = max(te, float(trunc[i, j, t])) if has_trunc else te
-    vt = float(v[i, j, t]) if has_v else 0.0
-    if has_nv:
-        nvt = float(nv[i, j, t])
-    elif t + 1 < T:
-        nvt = float(v[i, j, t + 1]) if has_v else 0.0
-    else:
-        nvt = float(boot[i, j])
-    gnt = gamma * (1.0 - te)
-    if mode == MODE_GAE:
-        return xt + gnt * nvt - vt, gamma * lmbda * (1.0 - done), vt
-    c = 0.0 if t == T - 1 else 1.0 - done
-    return xt + gnt * (1.0 - lmbda * c) * nvt, gnt * lmbda * c, vt
+_KERNELS: dict = {}
 
 
-@numba.njit(parallel=True, cache=_CACHE)
-def scan(mode, reverse, two_out, out0, out1, x, v, nv, term, trunc, boot, g, l, init,
-         has_v, has_nv, has_trunc, has_init, seg_len):
-    N1, N2, T = x.shape
-    N = N1 * N2
-    S = (T + seg_len - 1) // seg_len
-    ws_a = np.zeros((N, S))
-    ws_b = np.ones((N, S))
-    if S > 1:
-        # phase 1: each segment's composed map h_in -> h_out = a + b * h_in
-        for job in numba.prange(N * S):
+def kernel(mode, reverse, two_out, has_v, has_nv, has_trunc, has_boot, has_init, g_tensor,
+           l_tensor):
+    key = (mode, reverse, two_out, has_v, has_nv, has_trunc, has_boot, has_init, g_tensor,
+           l_tensor)
+    fn = _KERNELS.get(key)
+    if fn is None:
+        fn = _KERNELS[key] = _build(*key)
+    return fn
+
+
+def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT, G_TENSOR,
+           L_TENSOR):
+    @numba.njit(inline="always")
+    def coefficients(i, j, t, T, x, v, nv, term, trunc, boot, g, l, gs, ls):
+        """(alpha_t, beta_t, v_t) of stream (i, j); see _triton_scan._coefficients."""
+        xt = float(x[i, j, t])
+        if MODE == MODE_LINREC:
+            return xt, float(v[i, j, t]), xt
+        if MODE == MODE_TRACE:
+            tp = max(t - 1, 0)
+            gamma = float(g[i, j, tp]) if G_TENSOR else gs
+            lmbda = float(l[i, j, tp]) if L_TENSOR else ls
+            notdone = 1.0 - float(term[i, j, tp]) if t >= 1 else 1.0
+            return xt, gamma * lmbda * notdone, xt
+        gamma = float(g[i, j, t]) if G_TENSOR else gs
+        lmbda = float(l[i, j, t]) if L_TENSOR else ls
+        te = float(term[i, j, t])
+        done = max(te, float(trunc[i, j, t])) if HAS_TRUNC else te
+        vt = float(v[i, j, t]) if HAS_V else 0.0
+        if HAS_NV:
+            nvt = float(nv[i, j, t])
+        elif t + 1 < T:
+            nvt = float(v[i, j, t + 1]) if HAS_V else 0.0
+        else:
+            nvt = float(boot[i, j]) if HAS_BOOT else 0.0
+        gnt = gamma * (1.0 - te)
+        if MODE == MODE_GAE:
+            return xt + gnt * nvt - vt, gamma * lmbda * (1.0 - done), vt
+        c = 0.0 if t == T - 1 else 1.0 - done
+        return xt + gnt * (1.0 - lmbda * c) * nvt, gnt * lmbda * c, vt
+
+    @numba.njit(nogil=True)
+    def scan(out0, out1, x, v, nv, term, trunc, boot, g, l, gs, ls, init, seg_len, ws_a, ws_b,
+             phase, job_lo, job_hi):
+        """Jobs [job_lo, job_hi) of one phase; job = (stream n, segment s)."""
+        N1, N2, T = x.shape
+        S = ws_a.shape[1]
+        for job in range(job_lo, job_hi):
             n = job // S
             s = job % S
             i = n // N2
             j = n % N2
             lo = s * seg_len
             hi = min(lo + seg_len, T)
-            a = 0.0
-            b = 1.0
+            if phase == 1:
+                # each segment's composed map h_in -> a + b * h_in
+                a = 0.0
+                b = 1.0
+                for k in range(hi - lo):
+                    t = hi - 1 - k if REVERSE else lo + k
+                    al, be, _ = coefficients(i, j, t, T, x, v, nv, term, trunc, boot, g, l, gs, ls)
+                    a = al + be * a
+                    b = be * b
+                ws_a[n, s] = a
+                ws_b[n, s] = b
+                continue
+            # phase 2: the carry entering this segment, then the outputs
+            h = float(init[i, j]) if HAS_INIT else 0.0
+            if REVERSE:
+                for q in range(S - 1, s, -1):
+                    h = ws_a[n, q] + ws_b[n, q] * h
+            else:
+                for q in range(s):
+                    h = ws_a[n, q] + ws_b[n, q] * h
             for k in range(hi - lo):
-                t = hi - 1 - k if reverse else lo + k
-                al, be, _ = _coefficients(mode, i, j, t, T, x, v, nv, term, trunc, boot, g, l,
-                                          has_v, has_nv, has_trunc)
-                a = al + be * a
-                b = be * b
-            ws_a[n, s] = a
-            ws_b[n, s] = b
-    # phase 2: the carry entering each segment, then the outputs
-    for job in numba.prange(N * S):
-        n = job // S
-        s = job % S
-        i = n // N2
-        j = n % N2
-        h = float(init[i, j]) if has_init else 0.0
-        if reverse:
-            for q in range(S - 1, s, -1):
-                h = ws_a[n, q] + ws_b[n, q] * h
-        else:
-            for q in range(s):
-                h = ws_a[n, q] + ws_b[n, q] * h
-        lo = s * seg_len
-        hi = min(lo + seg_len, T)
-        for k in range(hi - lo):
-            t = hi - 1 - k if reverse else lo + k
-            al, be, vt = _coefficients(mode, i, j, t, T, x, v, nv, term, trunc, boot, g, l,
-                                       has_v, has_nv, has_trunc)
-            h = al + be * h
-            out0[i, j, t] = h
-            if two_out:
-                out1[i, j, t] = h + vt
+                t = hi - 1 - k if REVERSE else lo + k
+                al, be, vt = coefficients(i, j, t, T, x, v, nv, term, trunc, boot, g, l, gs, ls)
+                h = al + be * h
+                out0[i, j, t] = h
+                if TWO_OUT:
+                    out1[i, j, t] = h + vt
+
+    return scan
 
 
-def seg_len_for(N: int, T: int) -> int:
-    """Split time only when there are fewer streams than threads."""
-    threads = numba.get_num_threads()
+_POOL = None
+THREADS = max(1, min(os.cpu_count() or 1, 8))
+_MIN_WORK = 1 << 16  # elements below which one thread is faster than handing out work
+
+
+def _pool():
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(THREADS, thread_name_prefix="rl_triton_core")
+    return _POOL
+
+
+def run(fn, args, N: int, T: int):
+    """Run both phases over (stream, segment) jobs, split over threads (numba releases the GIL)."""
+    threads = THREADS if N * T >= _MIN_WORK else 1
     if N >= threads or T < 4096:
-        return max(T, 1)
-    parts = min(4 * threads, T // 1024)
-    return max(1024, -(-T // parts))
+        seg = max(T, 1)
+    else:  # a few long streams: split time so every thread has work
+        seg = max(1024, -(-T // min(4 * threads, T // 1024)))
+    S = -(-T // seg)
+    ws_a = np.zeros((N, S))
+    ws_b = np.ones((N, S))
+    jobs = N * S
+    phases = (1, 2) if S > 1 else (2,)
+    for phase in phases:
+        if threads == 1:
+            fn(*args, seg, ws_a, ws_b, phase, 0, jobs)
+            continue
+        step = -(-jobs // threads)
+        futures = [_pool().submit(fn, *args, seg, ws_a, ws_b, phase, lo, min(lo + step, jobs))
+                   for lo in range(step, jobs, step)]
+        fn(*args, seg, ws_a, ws_b, phase, 0, min(step, jobs))
+        for f in futures:
+            f.result()

@@ -116,23 +116,18 @@ def _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, 
             return np.lib.stride_tricks.as_strided(_F64, (N1, N2), (0, 0))
         return layout.as_numpy2(host(t))
 
-    def coef(c):
-        value, tensor = c
-        if tensor is None:
-            return np.lib.stride_tricks.as_strided(np.full(1, value), (N1, N2, T), (0, 0, 0))
-        return a3(tensor.double() if tensor.dtype != torch.float64 else tensor)
-
     direct = on_cpu and out0.dtype in (torch.float32, torch.float64)
     res0 = out0 if direct else torch.empty(layout.shape, dtype=torch.float64)
     res1 = (out1 if direct else torch.empty_like(res0)) if two_out else None
     o0 = layout.as_numpy3(res0)
     o1 = layout.as_numpy3(res1) if two_out else o0
-    _cpu_scan.scan(
-        mode, reverse, two_out, o0, o1, a3(x), a3(v), a3(nv), a3(term, _U8), a3(trunc, _U8),
-        a2(boot), coef(g), coef(l), a2(init),
-        v is not None, nv is not None, trunc is not None, init is not None,
-        _cpu_scan.seg_len_for(layout.N, T),
-    )
+    (gs, gt), (ls, lt) = g, l
+    fn = _cpu_scan.kernel(mode, reverse, two_out, v is not None, nv is not None,
+                          trunc is not None, boot is not None, init is not None,
+                          gt is not None, lt is not None)
+    args = (o0, o1, a3(x), a3(v), a3(nv), a3(term, _U8), a3(trunc, _U8), a2(boot), a3(gt),
+            a3(lt), 1.0 if gs is None else gs, 1.0 if ls is None else ls, a2(init))
+    _cpu_scan.run(fn, args, layout.N, T)
     if not direct:
         out0.copy_(res0)
         if two_out:
