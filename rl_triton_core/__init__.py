@@ -17,6 +17,9 @@ from rl_triton_core.estimators import (
     gae,
     lambda_returns,
     linear_recurrence,
+    retrace,
+    retrace_from_actions,
+    vtrace,
 )
 
 __all__ = [
@@ -26,5 +29,8 @@ __all__ = [
     "eligibility_traces",
     "episodic_cumsum",
     "linear_recurrence",
+    "vtrace",
+    "retrace",
+    "retrace_from_actions",
 ]
 __version__ = "0.1.0"

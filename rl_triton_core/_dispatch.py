@@ -38,8 +38,8 @@ def _split(value: float):
 
 
 def run(mode, layout: Layout, out_dtype, device, *, x, v=None, nv=None, term=None, trunc=None,
-        boot=None, g=(1.0, None), l=(1.0, None), init=None, reverse=True, two_out=False,
-        like=None):
+        boot=None, g=(1.0, None), l=(1.0, None), init=None, rho=None, rb=(1.0, None),
+        cb=(1.0, None), pb=(1.0, None), reverse=True, two_out=False, like=None):
     """Allocate the outputs and run the scan; returns ``out0`` or ``(out0, out1)``."""
     like = x if like is None else like
     out0 = None
@@ -54,15 +54,15 @@ def run(mode, layout: Layout, out_dtype, device, *, x, v=None, nv=None, term=Non
         return (out0, out1) if two_out else out0
     if backend_for(device) == "triton":
         _run_triton(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init,
-                    reverse, two_out)
+                    rho, rb, cb, pb, reverse, two_out)
     else:
         _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init,
-                 reverse, two_out)
+                 rho, rb, cb, pb, reverse, two_out)
     return (out0, out1) if two_out else out0
 
 
-def _run_triton(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, reverse,
-                two_out):
+def _run_triton(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, rho, rb, cb,
+                pb, reverse, two_out):
     from rl_triton_core import _triton_scan
 
     def t3(t):
@@ -76,12 +76,16 @@ def _run_triton(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, ini
         hi, lo = _split(1.0 if value is None else value)
         return (*t3(tensor), hi, lo)
 
+    def thr(c):
+        value, tensor = c
+        return (*t3(tensor), 1.0 if value is None else value)
+
     o = layout.view3(out0)
     xs = t3(x)
     _triton_scan.launch(
         mode, reverse, o[0], out1, o[1:], xs, t3(v), t3(nv), t3(term), t3(trunc), t2(boot),
-        coef(g), coef(l), t2(init), layout.N, layout.N2, layout.T, two_out,
-        out0.dtype == torch.float64, xs[3] == 1,
+        coef(g), coef(l), t2(init), t3(rho), thr(rb), thr(cb), thr(pb),
+        layout.N, layout.N2, layout.T, two_out, out0.dtype == torch.float64, xs[3] == 1,
     )
 
 
@@ -89,8 +93,12 @@ _F64 = np.zeros(1)
 _U8 = np.zeros(1, dtype=np.uint8)
 
 
-def _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, reverse,
-             two_out):
+def _s(value):
+    return 1.0 if value is None else value
+
+
+def _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, rho, rb, cb, pb,
+             reverse, two_out):
     from rl_triton_core import _cpu_scan
 
     N1, N2, T = layout.N1, layout.N2, layout.T
@@ -121,12 +129,14 @@ def _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, 
     res1 = (out1 if direct else torch.empty_like(res0)) if two_out else None
     o0 = layout.as_numpy3(res0)
     o1 = layout.as_numpy3(res1) if two_out else o0
-    (gs, gt), (ls, lt) = g, l
+    (gs, gt), (ls, lt), (rbs, rbt), (cbs, cbt), (pbs, pbt) = g, l, rb, cb, pb
     fn = _cpu_scan.kernel(mode, reverse, two_out, v is not None, nv is not None,
                           trunc is not None, boot is not None, init is not None,
-                          gt is not None, lt is not None)
+                          gt is not None, lt is not None, rbt is not None, cbt is not None,
+                          pbt is not None)
     args = (o0, o1, a3(x), a3(v), a3(nv), a3(term, _U8), a3(trunc, _U8), a2(boot), a3(gt),
-            a3(lt), 1.0 if gs is None else gs, 1.0 if ls is None else ls, a2(init))
+            a3(lt), _s(gs), _s(ls), a2(init), a3(rho), a3(rbt), a3(cbt), a3(pbt), _s(rbs),
+            _s(cbs), _s(pbs))
     _cpu_scan.run(fn, args, layout.N, T)
     if not direct:
         out0.copy_(res0)

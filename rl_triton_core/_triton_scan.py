@@ -27,6 +27,8 @@ MODE_LINREC = 0  # alpha = X, beta = V
 MODE_GAE = 1  # A_t = delta_t + gamma lambda (1 - done_t) A_{t+1}; OUT1 = A + V
 MODE_TDLAMBDA = 2  # TD(lambda) / discounted returns
 MODE_TRACE = 3  # forward: z_t = x_t + gamma lambda (1 - done_{t-1}) z_{t-1}
+MODE_VTRACE = 4  # D_t = rho_t delta_t + gamma (1 - done_t) c_t D_{t+1}; OUT0 = V + D, OUT1 = pg adv
+MODE_RETRACE = 5  # D_t = delta_t + gamma (1 - done_t) c_{t+1} D_{t+1}; OUT0 = Q + D
 
 
 @triton.jit
@@ -54,11 +56,19 @@ def _coefficients(
     X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
     TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
     G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
+    RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb, CB, scb1, scb2, scbt, cb,
+    PB, spb1, spb2, spbt, pb,
     o1, o2, t, m, T,
     MODE: tl.constexpr, HAS_V: tl.constexpr, HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr,
-    HAS_BOOT: tl.constexpr, G_TENSOR: tl.constexpr, L_TENSOR: tl.constexpr, FP64: tl.constexpr,
+    HAS_BOOT: tl.constexpr, G_TENSOR: tl.constexpr, L_TENSOR: tl.constexpr,
+    RB_TENSOR: tl.constexpr, CB_TENSOR: tl.constexpr, PB_TENSOR: tl.constexpr, FP64: tl.constexpr,
 ):
-    """(alpha, beta, v) of one [BLOCK_N, BLOCK_T] tile; v is the values tile (GAE's 2nd output)."""
+    """One [BLOCK_N, BLOCK_T] tile: (alpha, beta, v, p0, p1, vnext, cont).
+
+    v is the values tile (the second output adds it); p0, p1, vnext and cont
+    give V-trace's policy-gradient advantage from D_{t+1}:
+    pg_t = p0 + [cont] p1 (vnext + D_{t+1}).
+    """
     if FP64:
         one = tl.full([], 1.0, tl.float64)
         gamma = g_hi * one + g_lo * one
@@ -67,9 +77,11 @@ def _coefficients(
         gamma = g_hi
         lmbda = l_hi
     x = _ld(X, o1, o2, t, sx1, sx2, sxt, m, FP64)
+    zero = x * 0.0
+    no = t < 0
     if MODE == 0:
         beta = _ld(V, o1, o2, t, sv1, sv2, svt, m, FP64)
-        return x, beta, x
+        return x, beta, x, zero, zero, zero, no
     elif MODE == 3:
         # forward trace: decay of z_{t-1} uses the transition out of step t-1
         tp = tl.maximum(t - 1, 0)
@@ -79,7 +91,7 @@ def _coefficients(
             gamma = _ld(G, o1, o2, tp, sg1, sg2, sgt, m, FP64)
         if L_TENSOR:
             lmbda = _ld(L, o1, o2, tp, sl1, sl2, slt, m, FP64)
-        return x, gamma * lmbda * notdone, x
+        return x, gamma * lmbda * notdone, x, zero, zero, zero, no
     else:
         # rewards = X; terminated/truncated step-aligned; V' explicit or shifted
         term = _ld(TERM, o1, o2, t, sa1, sa2, sat, m, FP64)
@@ -94,15 +106,16 @@ def _coefficients(
         if HAS_V:
             v = _ld(V, o1, o2, t, sv1, sv2, svt, m, FP64)
         else:
-            v = x * 0.0
+            v = zero
+        last = t == T - 1
+        if HAS_V:
+            vnext = _ld(V, o1, o2, t + 1, sv1, sv2, svt, m & (t + 1 < T), FP64)
+        else:
+            vnext = zero
         if HAS_NV:
             nv = _ld(NV, o1, o2, t, snv1, snv2, snvt, m, FP64)
         else:
-            last = t == T - 1
-            if HAS_V:
-                nv = _ld(V, o1, o2, t + 1, sv1, sv2, svt, m & (t + 1 < T), FP64)
-            else:
-                nv = x * 0.0
+            nv = vnext
             if HAS_BOOT:
                 boot = tl.load(BOOT + o1 * sc1 + o2 * sc2, mask=m & last, other=0)
                 if FP64:
@@ -114,11 +127,41 @@ def _coefficients(
         if MODE == 1:
             alpha = x + gnt * nv - v
             beta = gamma * lmbda * (1.0 - done)
-        else:
-            c = tl.where(t == T - 1, 0.0, 1.0 - done)
+            return alpha, beta, v, zero, zero, zero, no
+        elif MODE == 2:
+            c = tl.where(last, 0.0, 1.0 - done)
             alpha = x + gnt * (1.0 - lmbda * c) * nv
             beta = gnt * lmbda * c
-        return alpha, beta, v
+            return alpha, beta, v, zero, zero, zero, no
+        elif MODE == 4:
+            lr = _ld(RHO, o1, o2, t, sr1, sr2, srt, m, FP64)
+            ratio = tl.exp(lr)
+            if RB_TENSOR:
+                rb = _ld(RB, o1, o2, t, srb1, srb2, srbt, m, FP64)
+            if CB_TENSOR:
+                cb = _ld(CB, o1, o2, t, scb1, scb2, scbt, m, FP64)
+            if PB_TENSOR:
+                pb = _ld(PB, o1, o2, t, spb1, spb2, spbt, m, FP64)
+            rho = tl.minimum(ratio, rb)
+            pgrho = tl.minimum(ratio, pb)
+            alpha = rho * (x + gnt * nv - v)
+            beta = gamma * (1.0 - done) * lmbda * tl.minimum(ratio, cb)
+            cont = (done == 0.0) & (t < T - 1)
+            p0 = pgrho * (x - v + tl.where(cont, 0.0, gnt * nv))
+            return alpha, beta, v, p0, pgrho * gnt, vnext, cont
+        else:
+            # Retrace: the trace of step t uses the ratio (lambda, c_bar) of step t+1
+            mn = m & (t + 1 < T)
+            lr = _ld(RHO, o1, o2, t + 1, sr1, sr2, srt, mn, FP64)
+            ratio = tl.exp(lr)
+            if L_TENSOR:
+                lmbda = _ld(L, o1, o2, t + 1, sl1, sl2, slt, mn, FP64)
+            if CB_TENSOR:
+                cb = _ld(CB, o1, o2, t + 1, scb1, scb2, scbt, mn, FP64)
+            c_next = tl.where(t + 1 < T, lmbda * tl.minimum(ratio, cb), 0.0)
+            alpha = x + gnt * nv - v
+            beta = gamma * (1.0 - done) * c_next
+            return alpha, beta, v, zero, zero, zero, no
 
 
 @triton.jit
@@ -127,11 +170,14 @@ def scan_kernel(
     X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
     TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
     G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
+    RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb, CB, scb1, scb2, scbt, cb,
+    PB, spb1, spb2, spbt, pb,
     INIT, si1, si2, WS,
     N, N2, T, SEG_LEN, S,
     MODE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr,
     HAS_V: tl.constexpr, HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr,
     G_TENSOR: tl.constexpr, L_TENSOR: tl.constexpr, HAS_INIT: tl.constexpr,
+    RB_TENSOR: tl.constexpr, CB_TENSOR: tl.constexpr, PB_TENSOR: tl.constexpr,
     TWO_OUT: tl.constexpr, FP64: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
@@ -169,11 +215,12 @@ def scan_kernel(
         w_off = s_idx.to(tl.int64) * N + n[:, None]
         wa = tl.load(WS + w_off, mask=sm, other=0.0).to(zero.dtype)
         wb = tl.load(WS + S * N + w_off, mask=sm, other=1.0).to(zero.dtype)
-        ca, cb = tl.associative_scan((wa, wb), 1, _combine, reverse=REVERSE)
+        agg_a, agg_b = tl.associative_scan((wa, wb), 1, _combine, reverse=REVERSE)
         if REVERSE:
-            carry = _column(ca, s_idx, 0) + _column(cb, s_idx, 0) * carry
+            edge_s = 0
         else:
-            carry = _column(ca, s_idx, BLOCK_S - 1) + _column(cb, s_idx, BLOCK_S - 1) * carry
+            edge_s = BLOCK_S - 1
+        carry = _column(agg_a, s_idx, edge_s) + _column(agg_b, s_idx, edge_s) * carry
 
     n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
     for kk in range(0, n_chunks):
@@ -183,12 +230,15 @@ def scan_kernel(
             k = kk
         t = (t_lo + k * BLOCK_T + cols).to(tl.int64)
         m = nm2 & (t < t_hi)
-        alpha, beta, v = _coefficients(
+        alpha, beta, v, p0, p1, vnext, cont = _coefficients(
             X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
             TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
             G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
+            RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb, CB, scb1, scb2, scbt, cb,
+            PB, spb1, spb2, spbt, pb,
             o1, o2, t, m, T,
-            MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, FP64,
+            MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR,
+            RB_TENSOR, CB_TENSOR, PB_TENSOR, FP64,
         )
         alpha = tl.where(m, alpha, 0.0)
         beta = tl.where(m, beta, 1.0)
@@ -203,9 +253,19 @@ def scan_kernel(
         else:
             h = A + B * carry[:, None]
             p_out = o1 * so1 + o2 * so2 + t * sot
-            tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
-            if TWO_OUT:
-                tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
+            if MODE == 4:
+                # D_{t+1}: the next column, or the carry entering this chunk at its end
+                nxt = tl.gather(h, tl.broadcast_to(tl.minimum(cols + 1, BLOCK_T - 1), [BLOCK_N, BLOCK_T]), 1)
+                d_next = tl.where(cols == BLOCK_T - 1, carry[:, None], nxt)
+                pg = p0 + tl.where(cont, p1 * (vnext + d_next), 0.0)
+                tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+                tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
+            elif MODE == 5:
+                tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+            else:
+                tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                if TWO_OUT:
+                    tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
             carry = _column(h, cols, edge)
 
     if PHASE == 1:
@@ -255,11 +315,12 @@ def _plan(N: int, T: int, time_contiguous: bool, device):
     return block_n, block_t, seg, S
 
 
-def launch(mode, reverse, out0, out1, so, x, v, nv, term, trunc, boot, g, l, init, N, N2, T,
-           two_out, fp64, time_contiguous):
+def launch(mode, reverse, out0, out1, so, x, v, nv, term, trunc, boot, g, l, init, rho, rb, cb,
+           pb, N, N2, T, two_out, fp64, time_contiguous):
     """Launch the scan. Each tensor argument is ``(tensor or None, s1, s2, st)``
     (``boot``/``init``: ``(tensor or None, s1, s2)``; ``g``/``l``:
-    ``(tensor or None, s1, s2, st, hi, lo)`` with the scalar split in two float32s)."""
+    ``(tensor or None, s1, s2, st, hi, lo)`` with the scalar split in two float32s;
+    the clip thresholds ``rb``/``cb``/``pb``: ``(tensor or None, s1, s2, st, value)``)."""
     import torch
 
     device = out0.device
@@ -270,11 +331,13 @@ def launch(mode, reverse, out0, out1, so, x, v, nv, term, trunc, boot, g, l, ini
         return (a[0] if a[0] is not None else dummy, *a[1:])
 
     args = [out0, out1 if out1 is not None else out0, *so]
-    args += [*P(x), *P(v), *P(nv), *P(term), *P(trunc), *P(boot), *P(g), *P(l), *P(init)]
+    args += [*P(x), *P(v), *P(nv), *P(term), *P(trunc), *P(boot), *P(g), *P(l)]
+    args += [*P(rho), *P(rb), *P(cb), *P(pb), *P(init)]
     flags = dict(
         MODE=mode, REVERSE=reverse, HAS_V=v[0] is not None, HAS_NV=nv[0] is not None,
         HAS_TRUNC=trunc[0] is not None, HAS_BOOT=boot[0] is not None,
         G_TENSOR=g[0] is not None, L_TENSOR=l[0] is not None, HAS_INIT=init[0] is not None,
+        RB_TENSOR=rb[0] is not None, CB_TENSOR=cb[0] is not None, PB_TENSOR=pb[0] is not None,
         TWO_OUT=two_out, FP64=fp64, BLOCK_N=block_n, BLOCK_T=block_t,
         BLOCK_S=max(2, triton.next_power_of_2(S)),
     )

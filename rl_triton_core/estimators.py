@@ -16,7 +16,14 @@ import torch
 from rl_triton_core import _validate as check
 from rl_triton_core._dispatch import run
 from rl_triton_core._layout import Layout, normalize_time_dim
-from rl_triton_core._triton_scan import MODE_GAE, MODE_LINREC, MODE_TDLAMBDA, MODE_TRACE
+from rl_triton_core._triton_scan import (
+    MODE_GAE,
+    MODE_LINREC,
+    MODE_RETRACE,
+    MODE_TDLAMBDA,
+    MODE_TRACE,
+    MODE_VTRACE,
+)
 
 __all__ = [
     "gae",
@@ -25,23 +32,30 @@ __all__ = [
     "eligibility_traces",
     "episodic_cumsum",
     "linear_recurrence",
+    "vtrace",
+    "retrace",
+    "retrace_from_actions",
 ]
 
 
 def _returns_family(mode, rewards, values, terminated, truncated, next_values, bootstrap_value,
-                    gamma, lmbda, time_dim, two_out):
+                    gamma, lmbda, time_dim, two_out, log_rhos=None, thresholds=None,
+                    values_name="values", next_name="next_values"):
     rewards = check.tensor("rewards", rewards)
     shape = tuple(rewards.shape)
     td = normalize_time_dim(time_dim, rewards.dim())
     if values is not None:
-        values = check.tensor("values", values)
-        check.same_shape("values", values, "rewards", shape)
+        values = check.tensor(values_name, values)
+        check.same_shape(values_name, values, "rewards", shape)
+    if log_rhos is not None:
+        log_rhos = check.tensor("log_rhos", log_rhos)
+        check.same_shape("log_rhos", log_rhos, "rewards", shape)
     terminated = check.tensor("terminated", terminated, flag=True)
     check.broadcastable("terminated", terminated, shape, "rewards' shape")
     truncated = check.optional("truncated", truncated, flag=True)
     if truncated is not None:
         check.broadcastable("truncated", truncated, shape, "rewards' shape")
-    next_values = check.optional("next_values", next_values)
+    next_values = check.optional(next_name, next_values)
     bootstrap_value = check.optional("bootstrap_value", bootstrap_value)
     if next_values is not None:
         if bootstrap_value is not None:
@@ -49,23 +63,28 @@ def _returns_family(mode, rewards, values, terminated, truncated, next_values, b
                 "pass next_values or bootstrap_value, not both: with next_values the "
                 "window end bootstraps from next_values[T-1]"
             )
-        check.same_shape("next_values", next_values, "rewards", shape)
+        check.same_shape(next_name, next_values, "rewards", shape)
     notime = shape[:td] + shape[td + 1 :]
     if bootstrap_value is not None:
         check.broadcastable("bootstrap_value", bootstrap_value, notime,
                             "the data's shape without the time axis")
     g = check.coefficient("gamma", gamma, shape)
     l = check.coefficient("lmbda", lmbda, shape)
-    dtype = check.data_dtype([("rewards", rewards), ("values", values),
-                              ("next_values", next_values), ("bootstrap_value", bootstrap_value)])
+    thr = {k: check.coefficient(k, val, shape, hi=None) for k, val in (thresholds or {}).items()}
+    dtype = check.data_dtype([("rewards", rewards), (values_name, values),
+                              (next_name, next_values), ("bootstrap_value", bootstrap_value),
+                              ("log_rhos", log_rhos)])
     device = check.same_device([
-        ("rewards", rewards), ("values", values), ("terminated", terminated),
-        ("truncated", truncated), ("next_values", next_values),
-        ("bootstrap_value", bootstrap_value), ("gamma", g[1]), ("lmbda", l[1]),
+        ("rewards", rewards), (values_name, values), ("terminated", terminated),
+        ("truncated", truncated), (next_name, next_values),
+        ("bootstrap_value", bootstrap_value), ("log_rhos", log_rhos), ("gamma", g[1]),
+        ("lmbda", l[1]), *[(k, c[1]) for k, c in thr.items()],
     ])
+    one = (1.0, None)
     return run(mode, Layout(shape, td), dtype, device, x=rewards, v=values, nv=next_values,
-               term=terminated, trunc=truncated, boot=bootstrap_value, g=g, l=l,
-               reverse=True, two_out=two_out)
+               term=terminated, trunc=truncated, boot=bootstrap_value, g=g, l=l, rho=log_rhos,
+               rb=thr.get("rho_bar", one), cb=thr.get("c_bar", one),
+               pb=thr.get("pg_rho_bar", one), reverse=True, two_out=two_out)
 
 
 def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootstrap_value=None,
@@ -157,6 +176,184 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
                            bootstrap_value, gamma, 1.0, time_dim, False)
 
 
+def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values=None,
+           bootstrap_value=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, pg_rho_bar=1.0,
+           time_dim=-1):
+    r"""V-trace targets and policy-gradient advantages (Espeholt et al. 2018, IMPALA,
+    arXiv:1802.01561), with a lambda factor on the trace.
+
+    .. math::
+
+        \rho_t = \min(\bar\rho, e^{\log\rho_t}), \quad
+        c_t = \lambda \min(\bar c, e^{\log\rho_t}) \\
+        \delta_t = \rho_t (r_t + \gamma (1 - \mathrm{terminated}_t) V'_t - V_t) \\
+        D_t = \delta_t + \gamma (1 - \mathrm{done}_t) c_t D_{t+1}, \quad D_T = 0,
+        \qquad v_{s,t} = V_t + D_t \\
+        A^{pg}_t = \min(\bar\rho_{pg}, e^{\log\rho_t})
+                   (r_t + \gamma (1 - \mathrm{terminated}_t) v'_{s,t} - V_t)
+
+    with v'_{s,t} = v_{s,t+1} if step t is not done and t < T-1, else V'_t: the
+    advantage at a truncated step and at the window end bootstraps from V', never
+    from the next episode's targets. Both outputs come from one pass.
+
+    Args:
+        log_rhos: log pi(a_t|s_t) - log mu(a_t|s_t) of the taken actions, rewards' shape.
+        rewards, values, terminated, truncated, next_values, bootstrap_value, gamma,
+            time_dim: as :func:`gae`.
+        lmbda: the trace's lambda factor (1 = the paper's V-trace).
+        rho_bar, c_bar, pg_rho_bar: clip thresholds (floats >= 0 or tensors).
+
+    Returns:
+        ``(vs, pg_advantages)`` with rewards' shape.
+
+    Example::
+
+        >>> import torch
+        >>> from rl_triton_core import vtrace
+        >>> r = torch.ones(3); v = torch.zeros(3); term = torch.tensor([False, False, True])
+        >>> vs, adv = vtrace(torch.zeros(3), r, v, term, gamma=0.5)  # on-policy: MC returns
+        >>> vs
+        tensor([1.7500, 1.5000, 1.0000])
+    """
+    return _returns_family(MODE_VTRACE, rewards, values, terminated, truncated, next_values,
+                           bootstrap_value, gamma, lmbda, time_dim, True, log_rhos=log_rhos,
+                           thresholds={"rho_bar": rho_bar, "c_bar": c_bar,
+                                       "pg_rho_bar": pg_rho_bar})
+
+
+def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=None, *,
+            gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1):
+    r"""Retrace(lambda) Q targets (Munos et al. 2016, arXiv:1606.02647).
+
+    .. math::
+
+        c_t = \lambda \min(\bar c, \pi(a_t|s_t) / \mu(a_t|s_t)) \\
+        \delta_t = r_t + \gamma (1 - \mathrm{terminated}_t) E_t - Q_t \\
+        D_t = \delta_t + \gamma (1 - \mathrm{done}_t) c_{t+1} D_{t+1}, \quad D_T = 0,
+        \qquad Q^{ret}_t = Q_t + D_t
+
+    The trace of step t uses the ratio (and lambda, c_bar) of step t+1, never of
+    step t. E_t = E_{a ~ pi(.|s_{t+1})} Q(s_{t+1}, a) uses the NEXT state's target
+    policy (see :func:`retrace_from_actions` to build it from per-action tensors).
+
+    Args:
+        log_rhos: log pi(a_t|s_t) - log mu(a_t|s_t), rewards' shape.
+        rewards: r_t. q_values: Q(s_t, a_t). expected_next_q: E_t (at a truncated
+            step: of the true final state).
+        terminated, truncated, gamma, time_dim: as :func:`gae`.
+        lmbda, c_bar: trace factor and ratio clip (floats or tensors, read at t+1).
+
+    Example::
+
+        >>> import torch
+        >>> from rl_triton_core import retrace
+        >>> q = torch.zeros(3); e = torch.zeros(3); term = torch.tensor([False, False, True])
+        >>> retrace(torch.zeros(3), torch.ones(3), q, e, term, gamma=0.5)
+        tensor([1.7500, 1.5000, 1.0000])
+    """
+    return _returns_family(MODE_RETRACE, rewards, q_values, terminated, truncated,
+                           expected_next_q, None, gamma, lmbda, time_dim, False,
+                           log_rhos=log_rhos, thresholds={"c_bar": c_bar},
+                           values_name="q_values", next_name="expected_next_q")
+
+
+def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, rewards,
+                         terminated, truncated=None, *, next_q_values=None,
+                         next_target_probs=None, bootstrap_q_values=None,
+                         bootstrap_target_probs=None, gamma=0.99, lmbda=1.0, c_bar=1.0,
+                         time_dim=-1):
+    r"""Retrace(lambda) from per-action tensors: the convenience form of :func:`retrace`.
+
+    Builds, with torch ops outside the scan (so any number of actions A runs at
+    memory speed):
+
+    * Q_t = q_values[..., t, a_t] and log rho_t = log target_probs[..., t, a_t] -
+      behaviour_log_probs[..., t];
+    * E_t = sum_a next_target_probs[..., t, a] next_q_values[..., t, a]. Without
+      ``next_*``, row t+1 of ``target_probs``/``q_values`` is the next state
+      (shifted, as RLlib's chunks) and the last row uses ``bootstrap_*``
+      ``[..., A]`` (0 if omitted). Pass ``next_*`` where row t+1 is not s_{t+1}
+      (after a truncation with a reset).
+
+    Args:
+        q_values, target_probs: ``[..., T, A]`` Q(s_t, .) and pi(.|s_t); ``time_dim``
+            indexes the per-step shape ``[..., T]`` (the action axis is last).
+        actions: ``[..., T]`` integer actions in [0, A). behaviour_log_probs: log mu(a_t|s_t).
+        rewards, terminated, truncated: ``[..., T]``.
+
+    A behaviour probability of 0 gives log rho = +inf: the ratio is clipped at
+    ``c_bar`` (a finite trace). Out-of-range actions raise on CPU; on CUDA they
+    trip torch.gather's device assert. Negative probabilities are not checked
+    (that would synchronise the host).
+
+    Example::
+
+        >>> import torch
+        >>> from rl_triton_core import retrace_from_actions
+        >>> q = torch.zeros(3, 2); p = torch.full((3, 2), 0.5); a = torch.tensor([0, 1, 0])
+        >>> logmu = torch.full((3,), 0.5).log(); term = torch.tensor([False, False, True])
+        >>> retrace_from_actions(q, p, a, logmu, torch.ones(3), term, gamma=0.5)
+        tensor([1.7500, 1.5000, 1.0000])
+    """
+    q_values = check.tensor("q_values", q_values)
+    target_probs = check.tensor("target_probs", target_probs)
+    actions = check.tensor("actions", actions)
+    behaviour_log_probs = check.tensor("behaviour_log_probs", behaviour_log_probs)
+    rewards = check.tensor("rewards", rewards)
+    if actions.is_floating_point() or actions.dtype == torch.bool:
+        raise TypeError(f"actions must be an integer tensor, got dtype {actions.dtype}")
+    step_shape = tuple(rewards.shape)
+    if q_values.dim() != rewards.dim() + 1 or tuple(q_values.shape[:-1]) != step_shape:
+        raise ValueError(f"q_values must have shape rewards' shape + (A,), i.e. "
+                         f"{step_shape} + (A,), got {tuple(q_values.shape)}")
+    A = q_values.shape[-1]
+    for name, t in (("target_probs", target_probs), ("next_q_values", next_q_values),
+                    ("next_target_probs", next_target_probs)):
+        if t is not None:
+            check.tensor(name, t)
+            check.same_shape(name, t, "q_values", q_values.shape)
+    for name, t in (("actions", actions), ("behaviour_log_probs", behaviour_log_probs)):
+        check.same_shape(name, t, "rewards", step_shape)
+    if (next_q_values is None) != (next_target_probs is None):
+        raise ValueError("pass next_q_values and next_target_probs together, or neither")
+    td = normalize_time_dim(time_dim, rewards.dim())
+    if actions.device.type == "cpu" and actions.numel() and \
+            bool(((actions < 0) | (actions >= A)).any()):
+        raise ValueError(f"actions must lie in [0, {A}) (the action axis of q_values)")
+    idx = actions.long().unsqueeze(-1)
+    q_taken = q_values.gather(-1, idx).squeeze(-1)
+    log_rhos = target_probs.gather(-1, idx).squeeze(-1).log() - behaviour_log_probs
+    if next_q_values is None:
+        notime = step_shape[:td] + step_shape[td + 1:] + (A,)
+        boot = []
+        for name, t in (("bootstrap_q_values", bootstrap_q_values),
+                        ("bootstrap_target_probs", bootstrap_target_probs)):
+            if t is None:
+                t = q_values.new_zeros(notime)
+            check.tensor(name, t)
+            check.broadcastable(name, t, notime, "rewards' shape without time, plus (A,)")
+            boot.append(t.expand(notime).unsqueeze(td))
+        q_next = torch.cat([q_values.narrow(td, 1, step_shape[td] - 1), boot[0]], td)
+        p_next = torch.cat([target_probs.narrow(td, 1, step_shape[td] - 1), boot[1]], td)
+    else:
+        q_next, p_next = next_q_values, next_target_probs
+    expected_next_q = (p_next * q_next).sum(-1)
+    return retrace(log_rhos, rewards, q_taken, expected_next_q, terminated, truncated,
+                   gamma=gamma, lmbda=lmbda, c_bar=c_bar, time_dim=time_dim)
+
+
+def _forward_coefficient(name, value, done_shape, shape, feat):
+    """gamma/lmbda of a forward scan: a number, or a tensor broadcastable to ``done``
+    (read with trailing feature axes added) or to ``x`` itself."""
+    if isinstance(value, torch.Tensor) and feat and \
+            check.aligned_strides(value, tuple(done_shape)) is None:
+        return check.coefficient(name, value, shape)
+    value, tensor = check.coefficient(name, value, done_shape)
+    if tensor is not None:
+        tensor = tensor.reshape(tuple(tensor.shape) + (1,) * feat)
+    return value, tensor
+
+
 def _forward_family(x, done, gamma, lmbda, init, time_dim, decay_names):
     x = check.tensor("x", x)
     done = check.tensor("done", done, flag=True)
@@ -176,10 +373,8 @@ def _forward_family(x, done, gamma, lmbda, init, time_dim, decay_names):
         check.broadcastable("init", init, shape[:td] + shape[td + 1 :],
                             "x's shape without the time axis")
     if decay_names:
-        g = check.coefficient("gamma", gamma, done.shape)
-        l = check.coefficient("lmbda", lmbda, done.shape)
-        g = (g[0], None if g[1] is None else g[1].reshape(tuple(g[1].shape) + (1,) * feat))
-        l = (l[0], None if l[1] is None else l[1].reshape(tuple(l[1].shape) + (1,) * feat))
+        g = _forward_coefficient("gamma", gamma, done.shape, shape, feat)
+        l = _forward_coefficient("lmbda", lmbda, done.shape, shape, feat)
     else:
         g = l = (1.0, None)
     dtype = check.data_dtype([("x", x), ("init", init)])

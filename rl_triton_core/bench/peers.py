@@ -1,0 +1,339 @@
+"""What the estimators are compared with: the floor kernel and the peer implementations.
+
+* ``floor``         -- a Triton elementwise kernel that reads every input the estimator
+  reads (same tensors, dtypes and layouts) once and writes as many outputs of the same
+  dtype: the memory + launch limit. One launch, ``out = sum of the loaded inputs``.
+* ``loop``          -- a CleanRL-style Python loop over time on the device (GAE, TD(lambda)).
+* ``torchrl``       -- TorchRL 0.14's functional ``generalized_advantage_estimate`` /
+  ``td_lambda_return_estimate`` (their default Python loop over time).
+* ``torchrl_vec``   -- TorchRL's ``vec_generalized_advantage_estimate`` /
+  ``vec_td_lambda_return_estimate`` (the ``vectorized=True`` path).
+* ``compiled_scan`` -- GAE as a log-depth (Hillis-Steele) scan of (alpha, beta) pairs in
+  torch ops, ``torch.compile``d, one compiled object per shape.
+
+A peer is made by ``make_peer(name, estimator, d, opts)`` which returns ``(fn, graphable)``
+or raises :class:`Skip` with the reason (recorded as "n/a: reason").
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+__all__ = ["Skip", "PEERS", "make_floor", "make_peer", "floor_config"]
+
+PEERS = ("loop", "torchrl", "torchrl_vec", "compiled_scan")
+
+LOOP_MAX_T = 4096  # Python loops over time: skipped beyond this (unless --all-peers)
+VEC_MAX_NUMEL = 1 << 24  # TorchRL's vectorised GAE pads every trajectory to the longest
+
+
+class Skip(Exception):
+    """The peer does not run for this case; the message says why."""
+
+
+# --------------------------------------------------------------------------- the floor
+
+_floor_kernel = None
+
+
+def _kernel():
+    """The floor kernel, defined on first use (so that TRITON_INTERPRET set by the
+    command line is seen when it is decorated)."""
+    global _floor_kernel
+    if _floor_kernel is not None:
+        return _floor_kernel
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["NS"])
+    def floor_kernel(X0, X1, X2, X3, X4, X5, S, O0, O1, numel, NS,
+                     NX: tl.constexpr, HAS_S: tl.constexpr, TWO_OUT: tl.constexpr,
+                     I64: tl.constexpr, BLOCK: tl.constexpr):
+        # out = sum of the NX full-size inputs (+ the per-stream input S, read once:
+        # its NS elements are added to the first NS outputs, so no division per element)
+        pid = tl.program_id(0)
+        if I64:
+            o_x = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        else:
+            o_x = pid * BLOCK + tl.arange(0, BLOCK)
+        m = o_x < numel
+        b_acc = tl.load(X0 + o_x, mask=m, other=0).to(tl.float32)
+        if NX > 1:
+            b_acc += tl.load(X1 + o_x, mask=m, other=0).to(tl.float32)
+        if NX > 2:
+            b_acc += tl.load(X2 + o_x, mask=m, other=0).to(tl.float32)
+        if NX > 3:
+            b_acc += tl.load(X3 + o_x, mask=m, other=0).to(tl.float32)
+        if NX > 4:
+            b_acc += tl.load(X4 + o_x, mask=m, other=0).to(tl.float32)
+        if NX > 5:
+            b_acc += tl.load(X5 + o_x, mask=m, other=0).to(tl.float32)
+        if HAS_S:
+            b_acc += tl.load(S + o_x, mask=o_x < NS, other=0).to(tl.float32)
+        tl.store(O0 + o_x, b_acc.to(O0.dtype.element_ty), mask=m)
+        if TWO_OUT:
+            tl.store(O1 + o_x, b_acc.to(O1.dtype.element_ty), mask=m)
+
+    _floor_kernel = floor_kernel
+    return floor_kernel
+
+
+def floor_config(numel: int) -> tuple[int, int]:
+    """(BLOCK, num_warps): small blocks keep small problems spread over the SMs, big
+    blocks give each thread 16 elements in flight for the large ones."""
+    return (1024, 4) if numel < (1 << 21) else (4096, 8)
+
+
+def make_floor(full, per_stream, n_out: int, out_shape, out_dtype, *, block=None,
+               num_warps=None):
+    """A closure launching the floor kernel once on ``full`` (up to 6 tensors of the
+    data's numel, contiguous in their own layout) and ``per_stream`` (at most one
+    tensor, e.g. the bootstrap values), allocating ``n_out`` outputs like the estimator.
+    """
+    full = list(full)
+    per_stream = list(per_stream)
+    if not 1 <= len(full) <= 6:
+        raise Skip(f"the floor takes 1..6 full-size inputs, got {len(full)}")
+    if len(per_stream) > 1:
+        raise Skip(f"the floor takes at most one per-stream input, got {len(per_stream)}")
+    numel = full[0].numel()
+    for t in full:
+        if t.numel() != numel or not t.is_contiguous():
+            raise Skip("the floor needs contiguous inputs of one numel")
+    kernel = _kernel()
+    cfg_block, cfg_warps = floor_config(numel)
+    block = block or cfg_block
+    num_warps = num_warps or cfg_warps
+    xs = full + [full[0]] * (6 - len(full))
+    s = per_stream[0] if per_stream else full[0]
+    ns = per_stream[0].numel() if per_stream else 0
+    grid = ((numel + block - 1) // block,)
+    device = full[0].device
+    out_shape = tuple(out_shape)
+    consts = dict(NX=len(full), HAS_S=bool(per_stream), TWO_OUT=n_out == 2,
+                  I64=numel >= 2**31 - block, BLOCK=block, num_warps=num_warps)
+    x0, x1, x2, x3, x4, x5 = xs
+
+    if n_out == 2:
+        def fn():
+            o0 = torch.empty(out_shape, dtype=out_dtype, device=device)
+            o1 = torch.empty(out_shape, dtype=out_dtype, device=device)
+            kernel[grid](x0, x1, x2, x3, x4, x5, s, o0, o1, numel, ns, **consts)
+            return o0, o1
+    else:
+        def fn():
+            o0 = torch.empty(out_shape, dtype=out_dtype, device=device)
+            kernel[grid](x0, x1, x2, x3, x4, x5, s, o0, o0, numel, ns, **consts)
+            return o0
+    return fn
+
+
+# ------------------------------------------------------------ CleanRL-style Python loops
+
+
+def loop_gae(r, v, term, trunc, boot, nv, gamma, lmbda, td):
+    """GAE as in CleanRL's ppo.py: one step at a time, backwards, on the device
+    (with this project's step-aligned flags: ``terminated`` cuts the bootstrap,
+    ``done`` the trace)."""
+    T = r.shape[td]
+    nonterm = 1.0 - term.to(r.dtype)
+    nondone = nonterm if trunc is None else 1.0 - (term | trunc).to(r.dtype)
+    adv = torch.empty_like(r)
+    lastgaelam = 0.0
+    for t in reversed(range(T)):
+        if nv is not None:
+            nextvalues = nv.select(td, t)
+        elif t == T - 1:
+            nextvalues = boot
+        else:
+            nextvalues = v.select(td, t + 1)
+        delta = r.select(td, t) + gamma * nextvalues * nonterm.select(td, t) - v.select(td, t)
+        lastgaelam = delta + gamma * lmbda * nondone.select(td, t) * lastgaelam
+        adv.select(td, t).copy_(lastgaelam)
+    return adv, adv + v
+
+
+def loop_lambda_returns(r, v, term, trunc, boot, nv, gamma, lmbda, td):
+    """TD(lambda) returns, one step at a time backwards:
+    G_t = r_t + gamma (1 - term_t) [V'_t + lmbda (1 - done_t) (G_{t+1} - V'_t)]."""
+    T = r.shape[td]
+    nonterm = 1.0 - term.to(r.dtype)
+    nondone = nonterm if trunc is None else 1.0 - (term | trunc).to(r.dtype)
+    ret = torch.empty_like(r)
+    g = None
+    for t in reversed(range(T)):
+        if nv is not None:
+            nextvalues = nv.select(td, t)
+        elif t == T - 1:
+            nextvalues = boot
+        else:
+            nextvalues = v.select(td, t + 1)
+        if g is None:
+            g = r.select(td, t) + gamma * nonterm.select(td, t) * nextvalues
+        else:
+            g = r.select(td, t) + gamma * nonterm.select(td, t) * (
+                nextvalues + lmbda * nondone.select(td, t) * (g - nextvalues))
+        ret.select(td, t).copy_(g)
+    return ret
+
+
+_LOOPS = {"gae": loop_gae, "lambda_returns": loop_lambda_returns}
+
+
+# -------------------------------------------------------------- the compiled log-depth scan
+
+
+def hillis_steele_reverse(a, b):
+    """h_t = a_t + b_t h_{t+1}, h_T = 0, along the last axis in ceil(log2 T) doubling
+    steps: after the step with distance d, (a_t, b_t) maps h_{t+2d} to h_t."""
+    T = a.shape[-1]
+    d = 1
+    while d < T:
+        a_far = torch.nn.functional.pad(a[..., d:], (0, d))  # h beyond the end is 0
+        a = a + b * a_far
+        if 2 * d < T:
+            b = b * torch.nn.functional.pad(b[..., d:], (0, d), value=1.0)
+        d *= 2
+    return a
+
+
+def scan_gae(r, v, term, trunc, boot, nv, gamma: float, lmbda: float, time_major: bool):
+    """GAE from the raw inputs: alpha/beta built in torch ops, then the log-depth scan."""
+    if time_major:  # views with time last; the compiler sees the strides
+        r, v, term = r.t(), v.t(), term.t()
+        trunc = None if trunc is None else trunc.t()
+        nv = None if nv is None else nv.t()
+    if nv is None:
+        nv = torch.cat([v[:, 1:], boot[:, None]], dim=1)
+    done = term if trunc is None else term | trunc
+    alpha = r + gamma * (~term).to(r.dtype) * nv - v
+    beta = (gamma * lmbda) * (~done).to(r.dtype)
+    adv = hillis_steele_reverse(alpha, beta)
+    target = adv + v
+    if time_major:
+        return adv.t(), target.t()
+    return adv, target
+
+
+_compiled: dict = {}
+
+
+def _compiled_for(shape_key, backend):
+    """One compiled object per shape (layouts and truncation variants recompile inside it)."""
+    key = (shape_key, backend)
+    if key not in _compiled:
+        import torch._dynamo as dynamo
+
+        for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                     "accumulated_recompile_limit"):
+            if hasattr(dynamo.config, name):
+                setattr(dynamo.config, name, max(getattr(dynamo.config, name), 256))
+        _compiled.clear()
+        dynamo.reset()  # the previous shape's compiled code is not needed any more
+        _compiled[key] = torch.compile(scan_gae, dynamic=False, backend=backend)
+    return _compiled[key]
+
+
+# --------------------------------------------------------------------------- TorchRL
+
+_torchrl = None
+
+
+def _torchrl_functional():
+    global _torchrl
+    if _torchrl is None:
+        try:
+            import torchrl
+            from torchrl.objectives.value import functional as F
+        except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+            _torchrl = (None, f"torchrl does not import ({type(e).__name__}: {e})"[:200])
+        else:
+            _torchrl = (F, torchrl.__version__)
+    if _torchrl[0] is None:
+        raise Skip(_torchrl[1])
+    return _torchrl[0]
+
+
+def torchrl_version():
+    try:
+        _torchrl_functional()
+    except Skip:
+        return None
+    return _torchrl[1]
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def _explicit_next_values(d):
+    """V'_t as a tensor in the case's layout (TorchRL's API needs one): ``next_values``
+    when the case passes them, else the shifted values with the bootstrap at the end.
+    Built once per case, outside the timed call."""
+    if d.next_values is not None:
+        return d.next_values
+    v = d.values
+    td = d.time_dim % v.dim()
+    return torch.cat([v.narrow(td, 1, v.shape[td] - 1), d.bootstrap.unsqueeze(td)], dim=td)
+
+
+def make_peer(name: str, estimator: str, d, opts):
+    """(fn, graphable) for peer ``name`` on case ``d`` (a harness ``View``), or Skip."""
+    T = d.T
+    td = d.time_dim % 2
+    gamma, lmbda = d.gamma, d.lmbda
+    if name == "loop":
+        if estimator not in _LOOPS:
+            raise Skip("no loop peer for this estimator")
+        if T > LOOP_MAX_T and not opts.all_peers:
+            raise Skip(f"T={T} > {LOOP_MAX_T} (a Python loop over time; --all-peers runs it)")
+        loop = _LOOPS[estimator]
+        r, v, term, trunc, boot, nv = d.rewards, d.values, d.terminated, d.truncated, \
+            d.bootstrap, d.next_values
+        return (lambda: loop(r, v, term, trunc, boot, nv, gamma, lmbda, td)), False
+
+    if name in ("torchrl", "torchrl_vec"):
+        if estimator not in ("gae", "lambda_returns"):
+            raise Skip("no TorchRL peer for this estimator")
+        vec = name == "torchrl_vec"
+        if not vec and T > LOOP_MAX_T and not opts.all_peers:
+            raise Skip(f"T={T} > {LOOP_MAX_T} (a Python loop over time; --all-peers runs it)")
+        if vec and d.N * T > VEC_MAX_NUMEL and not opts.all_peers:
+            raise Skip(f"N*T > {VEC_MAX_NUMEL} (pads every trajectory to the longest: "
+                       "memory; --all-peers runs it)")
+        F = _torchrl_functional()
+        # TorchRL layout: [*B, T, F] with a feature axis; time_dim picks the time axis
+        nv = _explicit_next_values(d).unsqueeze(-1)
+        r = d.rewards.unsqueeze(-1)
+        v = d.values.unsqueeze(-1)
+        term = d.terminated.unsqueeze(-1)
+        done = term if d.truncated is None else (d.terminated | d.truncated).unsqueeze(-1)
+        if estimator == "gae":
+            f = F.vec_generalized_advantage_estimate if vec else F.generalized_advantage_estimate
+            return (lambda: f(gamma, lmbda, v, nv, r, done, term, time_dim=td)), False
+        f = F.vec_td_lambda_return_estimate if vec else F.td_lambda_return_estimate
+        return (lambda: f(gamma, lmbda, nv, r, done, term, time_dim=td)), False
+
+    if name == "compiled_scan":
+        if estimator != "gae":
+            raise Skip("the compiled scan peer is GAE only")
+        backend = opts.compile_backend
+        if backend == "inductor" and opts.compile_spent_s >= opts.compile_budget_s:
+            raise Skip(f"compile budget of {opts.compile_budget_s:.0f} s spent "
+                       "(--compile-budget-s)")
+        f = _compiled_for((d.N, T), backend)
+        r, v, term, trunc, boot, nv = d.rewards, d.values, d.terminated, d.truncated, \
+            d.bootstrap, d.next_values
+        tm = td == 0
+        fn = lambda: f(r, v, term, trunc, boot, nv, gamma, lmbda, tm)  # noqa: E731
+        t0 = time.perf_counter()
+        fn()  # compile here (timed separately, counted against the compile budget)
+        if r.is_cuda:
+            torch.cuda.synchronize()
+        spent = time.perf_counter() - t0
+        opts.compile_spent_s += spent
+        d.extra["compile_s"] = round(spent, 2)
+        return fn, r.is_cuda
+
+    raise Skip(f"unknown peer {name!r}")
