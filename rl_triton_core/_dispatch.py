@@ -39,54 +39,69 @@ def _split(value: float):
 
 def run(mode, layout: Layout, out_dtype, device, *, x, v=None, nv=None, term=None, trunc=None,
         boot=None, g=(1.0, None), l=(1.0, None), init=None, rho=None, rb=(1.0, None),
-        cb=(1.0, None), pb=(1.0, None), reverse=True, two_out=False, like=None):
-    """Allocate the outputs and run the scan; returns ``out0`` or ``(out0, out1)``."""
-    like = x if like is None else like
+        cb=(1.0, None), pb=(1.0, None), reverse=True, two_out=False, fast=None):
+    """Allocate the outputs and run the scan; returns ``out0`` or ``(out0, out1)``.
+
+    ``fast``: ``(key, slots)`` of _fastpath: record this call's launch for reuse.
+    """
     out0 = None
-    if like.shape == layout.shape:
-        out0 = torch.empty_like(like, dtype=out_dtype, device=device)
+    like_idx = None
+    if x.shape == layout.shape:
+        out0 = torch.empty_like(x, dtype=out_dtype, device=device)
+        like_idx = 0
         if not layout.mergeable(out0):
-            out0 = None
+            out0, like_idx = None, None
     if out0 is None:
         out0 = torch.empty(layout.shape, dtype=out_dtype, device=device)
     out1 = torch.empty_like(out0) if two_out else None
     if layout.T == 0 or layout.N == 0:
         return (out0, out1) if two_out else out0
+    inputs = dict(x=x, v=v, nv=nv, term=term, trunc=trunc, boot=boot, init=init, rho=rho,
+                  g=g, l=l, rb=rb, cb=cb, pb=pb)
     if backend_for(device) == "triton":
-        _run_triton(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init,
-                    rho, rb, cb, pb, reverse, two_out)
+        _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx,
+                    out_dtype)
     else:
         _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init,
                  rho, rb, cb, pb, reverse, two_out)
     return (out0, out1) if two_out else out0
 
 
-def _run_triton(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, rho, rb, cb,
-                pb, reverse, two_out):
-    from rl_triton_core import _triton_scan
+def _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx, out_dtype):
+    from rl_triton_core import _fastpath, _triton_scan
 
-    def t3(t):
-        return (None, 0, 0, 0) if t is None else layout.view3(t)
-
-    def t2(t):
-        return (None, 0, 0) if t is None else layout.view3_notime(t)
-
-    def coef(c):
-        value, tensor = c
-        hi, lo = _split(1.0 if value is None else value)
-        return (*t3(tensor), hi, lo)
-
-    def thr(c):
-        value, tensor = c
-        return (*t3(tensor), 1.0 if value is None else value)
-
+    slots = {}
+    used = {}  # for the fast path: what each pointer / scalar argument came from
+    pos = _triton_scan.ARG_START
+    for name, count in _triton_scan.ARG_ORDER:
+        item = inputs[name]
+        if name in ("g", "l", "rb", "cb", "pb"):
+            value, tensor = item
+            view = (None, 0, 0, 0) if tensor is None else layout.view3(tensor)
+            if name in ("g", "l"):
+                scalars = _split(1.0 if value is None else value)
+            else:
+                scalars = (1.0 if value is None else value,)
+            slots[name] = (*view, *scalars)
+            if tensor is not None:
+                used[name] = ("tensor", pos, view[0])
+            else:
+                used[name] = ("number", pos + 4, name in ("g", "l"))
+        elif item is None:
+            slots[name] = (None,) + (0,) * (count - 1)
+        else:
+            view = layout.view3(item) if count == 4 else layout.view3_notime(item)
+            slots[name] = view
+            used[name] = ("tensor", pos, view[0])
+        pos += count
     o = layout.view3(out0)
-    xs = t3(x)
-    _triton_scan.launch(
-        mode, reverse, o[0], out1, o[1:], xs, t3(v), t3(nv), t3(term), t3(trunc), t2(boot),
-        coef(g), coef(l), t2(init), t3(rho), thr(rb), thr(cb), thr(pb),
-        layout.N, layout.N2, layout.T, two_out, out0.dtype == torch.float64, xs[3] == 1,
-    )
+    args, ws_spec, launched = _triton_scan.launch(
+        o[0], out1, o[1:], slots, mode, reverse, layout.N, layout.N2, layout.T, two_out,
+        out0.dtype == torch.float64, slots["x"][3] == 1)
+    if fast is not None and out0.device.type == "cuda":
+        key, user_slots = fast
+        _fastpath.record(key, user_slots, used, args, ws_spec, launched, out0, out1,
+                         like_idx, out_dtype, layout.shape)
 
 
 _F64 = np.zeros(1)

@@ -254,9 +254,23 @@ def scan_kernel(
             h = A + B * carry[:, None]
             p_out = o1 * so1 + o2 * so2 + t * sot
             if MODE == 4:
-                # D_{t+1}: the next column, or the carry entering this chunk at its end
-                nxt = tl.gather(h, tl.broadcast_to(tl.minimum(cols + 1, BLOCK_T - 1), [BLOCK_N, BLOCK_T]), 1)
-                d_next = tl.where(cols == BLOCK_T - 1, carry[:, None], nxt)
+                # D_{t+1}: scan the coefficients of step t+1 (identity past the chunk),
+                # applied to the carry entering this chunk at its end.
+                m1 = m & (cols + 1 < BLOCK_T) & (t + 1 < t_hi)
+                a1, b1, _v1, _p0, _p1, _vn, _c1 = _coefficients(
+                    X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
+                    TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
+                    G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
+                    RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb, CB, scb1, scb2, scbt, cb,
+                    PB, spb1, spb2, spbt, pb,
+                    o1, o2, t + 1, m1, T,
+                    MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR,
+                    RB_TENSOR, CB_TENSOR, PB_TENSOR, FP64,
+                )
+                a1 = tl.where(m1, a1, 0.0)
+                b1 = tl.where(m1, b1, 1.0)
+                A1, B1 = tl.associative_scan((a1, b1), 1, _combine, reverse=True)
+                d_next = A1 + B1 * carry[:, None]
                 pg = p0 + tl.where(cont, p1 * (vnext + d_next), 0.0)
                 tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
                 tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
@@ -294,45 +308,67 @@ def _sm_count(device) -> int:
 
 
 def _plan(N: int, T: int, time_contiguous: bool, device):
-    """Tile shape and time segmentation: (BLOCK_N, BLOCK_T, SEG_LEN, S)."""
+    """Tile shape and time segmentation: (BLOCK_N, BLOCK_T, SEG_LEN, S).
+
+    A tile holds about TILE elements, long along the contiguous axis (time for
+    batch-major data, streams for time-major data, at least 32 streams = 128-byte
+    rows), as long in time as T allows so that most programs scan one chunk.
+    When the tiles cannot fill the GPU (few streams), time is split into
+    segments of whole chunks: two passes over the inputs, one over the outputs.
+    """
+    tile = 4096
+    tp = triton.next_power_of_2(max(T, 1))
+    np2 = triton.next_power_of_2(max(N, 1))
     if time_contiguous:
-        block_n, block_t = 16, 64
+        block_t = max(16, min(tp, 1024))
+        block_n = max(2, min(np2, tile // block_t))
     else:
-        block_n, block_t = 64, 16
-    block_n = min(block_n, max(2, triton.next_power_of_2(N)))
+        block_n = max(2, min(np2, 32))
+        block_t = max(16, min(tp, tile // block_n))
+    if FORCE_SEGMENT_LEN is not None:  # tests: FORCE_SEGMENT_LEN is a power of two >= 16
+        block_t = max(16, min(block_t, FORCE_SEGMENT_LEN))
     n_blocks = triton.cdiv(N, block_n)
     if FORCE_SEGMENT_LEN is not None:
         seg = max(block_t, FORCE_SEGMENT_LEN // block_t * block_t)
     else:
-        target = 4 * _sm_count(device)
+        target = 2 * _sm_count(device)
         seg = T
-        if n_blocks < target and T > 8 * block_t:
-            want = min(triton.cdiv(target, n_blocks), triton.cdiv(T, 4 * block_t), 1024)
-            seg = triton.cdiv(triton.cdiv(T, want), block_t) * block_t
+        chunks = triton.cdiv(T, block_t)
+        if n_blocks < target and chunks > 1:
+            S = min(chunks, triton.cdiv(target, n_blocks), 1024)
+            seg = triton.cdiv(chunks, S) * block_t
     S = max(1, triton.cdiv(T, seg))
     if S == 1:
         seg = max(T, 1)
     return block_n, block_t, seg, S
 
 
-def launch(mode, reverse, out0, out1, so, x, v, nv, term, trunc, boot, g, l, init, rho, rb, cb,
-           pb, N, N2, T, two_out, fp64, time_contiguous):
-    """Launch the scan. Each tensor argument is ``(tensor or None, s1, s2, st)``
-    (``boot``/``init``: ``(tensor or None, s1, s2)``; ``g``/``l``:
-    ``(tensor or None, s1, s2, st, hi, lo)`` with the scalar split in two float32s;
-    the clip thresholds ``rb``/``cb``/``pb``: ``(tensor or None, s1, s2, st, value)``)."""
+# The kernel's input slots in argument order, with their argument counts: a
+# pointer and its strides (three, or two without a time axis), then for gamma and
+# lambda the float32 (hi, lo) pair of a scalar, for the clip thresholds its value.
+ARG_ORDER = (("x", 4), ("v", 4), ("nv", 4), ("term", 4), ("trunc", 4), ("boot", 3), ("g", 6),
+             ("l", 6), ("rho", 4), ("rb", 5), ("cb", 5), ("pb", 5), ("init", 3))
+ARG_START = 5  # after OUT0, OUT1 and the outputs' three strides
+
+
+def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_contiguous):
+    """Launch the scan. ``slots`` maps each name of ARG_ORDER to its arguments
+    ``(tensor or None, strides..., [scalars])``.
+
+    Returns what a cached launch needs to repeat this one without Triton's
+    argument binding: ``(args, ws_spec, [(compiled kernel, grid, constexprs)])``.
+    """
     import torch
 
     device = out0.device
     block_n, block_t, seg, S = _plan(N, T, time_contiguous, device)
     dummy = out0
-
-    def P(a):  # (tensor or None, strides...) -> kernel arguments
-        return (a[0] if a[0] is not None else dummy, *a[1:])
-
     args = [out0, out1 if out1 is not None else out0, *so]
-    args += [*P(x), *P(v), *P(nv), *P(term), *P(trunc), *P(boot), *P(g), *P(l)]
-    args += [*P(rho), *P(rb), *P(cb), *P(pb), *P(init)]
+    for name, _ in ARG_ORDER:
+        a = slots[name]
+        args += [a[0] if a[0] is not None else dummy, *a[1:]]
+    x, v, nv, term, trunc, boot, g, l, rho, rb, cb, pb, init = (
+        slots[name] for name, _ in ARG_ORDER)
     flags = dict(
         MODE=mode, REVERSE=reverse, HAS_V=v[0] is not None, HAS_NV=nv[0] is not None,
         HAS_TRUNC=trunc[0] is not None, HAS_BOOT=boot[0] is not None,
@@ -342,9 +378,18 @@ def launch(mode, reverse, out0, out1, so, x, v, nv, term, trunc, boot, g, l, ini
         BLOCK_S=max(2, triton.next_power_of_2(S)),
     )
     grid = (triton.cdiv(N, block_n), S)
+    num_warps = 8 if block_n * block_t >= 4096 else 4
+    ws_spec = None
     if S == 1:
-        scan_kernel[grid](*args, dummy, N, N2, T, seg, S, PHASE=0, **flags)
-        return
-    ws = torch.empty((2, S, N), device=device, dtype=torch.float64 if fp64 else torch.float32)
-    scan_kernel[grid](*args, ws, N, N2, T, seg, S, PHASE=1, **flags)
-    scan_kernel[grid](*args, ws, N, N2, T, seg, S, PHASE=2, **flags)
+        phases = (0,)
+        ws = dummy
+    else:
+        phases = (1, 2)
+        ws_spec = ((2, S, N), torch.float64 if fp64 else torch.float32)
+        ws = torch.empty(ws_spec[0], device=device, dtype=ws_spec[1])
+    args += [ws, N, N2, T, seg, S]
+    launched = []
+    for phase in phases:
+        kernel = scan_kernel[grid](*args, PHASE=phase, **flags, num_warps=num_warps)
+        launched.append((kernel, grid, {**flags, "PHASE": phase}))
+    return args, ws_spec, launched

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_triton_core import _fastpath
 from rl_triton_core import _validate as check
 from rl_triton_core._dispatch import run
 from rl_triton_core._layout import Layout, normalize_time_dim
@@ -41,6 +42,14 @@ __all__ = [
 def _returns_family(mode, rewards, values, terminated, truncated, next_values, bootstrap_value,
                     gamma, lmbda, time_dim, two_out, log_rhos=None, thresholds=None,
                     values_name="values", next_name="next_values"):
+    thresholds = thresholds or {}
+    slots = (rewards, values, next_values, terminated, truncated, bootstrap_value, None,
+             log_rhos, gamma, lmbda, thresholds.get("rho_bar"), thresholds.get("c_bar"),
+             thresholds.get("pg_rho_bar"))
+    key = _fastpath.key_of((mode, time_dim), slots)
+    out = _fastpath.lookup(key, slots)
+    if out is not None:
+        return out
     rewards = check.tensor("rewards", rewards)
     shape = tuple(rewards.shape)
     td = normalize_time_dim(time_dim, rewards.dim())
@@ -70,7 +79,7 @@ def _returns_family(mode, rewards, values, terminated, truncated, next_values, b
                             "the data's shape without the time axis")
     g = check.coefficient("gamma", gamma, shape)
     l = check.coefficient("lmbda", lmbda, shape)
-    thr = {k: check.coefficient(k, val, shape, hi=None) for k, val in (thresholds or {}).items()}
+    thr = {k: check.coefficient(k, val, shape, hi=None) for k, val in thresholds.items()}
     dtype = check.data_dtype([("rewards", rewards), (values_name, values),
                               (next_name, next_values), ("bootstrap_value", bootstrap_value),
                               ("log_rhos", log_rhos)])
@@ -84,7 +93,7 @@ def _returns_family(mode, rewards, values, terminated, truncated, next_values, b
     return run(mode, Layout(shape, td), dtype, device, x=rewards, v=values, nv=next_values,
                term=terminated, trunc=truncated, boot=bootstrap_value, g=g, l=l, rho=log_rhos,
                rb=thr.get("rho_bar", one), cb=thr.get("c_bar", one),
-               pb=thr.get("pg_rho_bar", one), reverse=True, two_out=two_out)
+               pb=thr.get("pg_rho_bar", one), reverse=True, two_out=two_out, fast=(key, slots))
 
 
 def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootstrap_value=None,
@@ -355,6 +364,11 @@ def _forward_coefficient(name, value, done_shape, shape, feat):
 
 
 def _forward_family(x, done, gamma, lmbda, init, time_dim, decay_names):
+    slots = (x, None, None, done, None, None, init, None, gamma, lmbda, None, None, None)
+    key = _fastpath.key_of((MODE_TRACE, time_dim), slots)
+    out = _fastpath.lookup(key, slots)
+    if out is not None:
+        return out
     x = check.tensor("x", x)
     done = check.tensor("done", done, flag=True)
     td = normalize_time_dim(time_dim, x.dim())
@@ -381,7 +395,7 @@ def _forward_family(x, done, gamma, lmbda, init, time_dim, decay_names):
     device = check.same_device([("x", x), ("done", done), ("init", init), ("gamma", g[1]),
                                 ("lmbda", l[1])])
     return run(MODE_TRACE, Layout(shape, td), dtype, device, x=x, term=done_b, g=g, l=l,
-               init=init, reverse=False)
+               init=init, reverse=False, fast=(key, slots))
 
 
 def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-1):
@@ -452,6 +466,11 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1):
         >>> linear_recurrence(torch.ones(3), torch.full((3,), 0.5))
         tensor([1.7500, 1.5000, 1.0000])
     """
+    slots = (alpha, beta, None, None, None, None, init, None, None, None, None, None, None)
+    key = _fastpath.key_of((MODE_LINREC, time_dim, reverse), slots)
+    out = _fastpath.lookup(key, slots)
+    if out is not None:
+        return out
     alpha = check.tensor("alpha", alpha)
     beta = check.tensor("beta", beta)
     reverse = check.flag("reverse", reverse)
@@ -465,7 +484,7 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1):
     dtype = check.data_dtype([("alpha", alpha), ("beta", beta), ("init", init)])
     device = check.same_device([("alpha", alpha), ("beta", beta), ("init", init)])
     return run(MODE_LINREC, Layout(shape, td), dtype, device, x=alpha, v=beta, init=init,
-               reverse=reverse)
+               reverse=reverse, fast=(key, slots))
 
 
 # keep torch imported for doctest namespaces

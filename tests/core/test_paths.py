@@ -1,0 +1,110 @@
+"""The execution paths a small random test would miss: time split into segments
+(a few long streams: the CPU path's threads, the kernel's two-phase carry) and the
+cached launch that skips validation on repeated calls (CUDA)."""
+
+import pytest
+import torch
+
+import rl_triton_core as rc
+import rl_triton_core.reference as ref
+from rl_triton_core import _fastpath, _triton_scan
+
+
+def _inputs(gen, shape, device):
+    r = torch.randn(shape, generator=gen)
+    v = torch.randn(shape, generator=gen)
+    lr = 0.5 * torch.randn(shape, generator=gen)
+    nv = torch.randn(shape, generator=gen)
+    term = torch.rand(shape, generator=gen) < 0.02
+    trunc = torch.rand(shape, generator=gen) < 0.02
+    boot = torch.randn(shape[:-1], generator=gen)
+    x = [r, v, lr, nv, term, trunc, boot]
+    return [t.to(device) for t in x]
+
+
+CASES = {
+    "gae": lambda r, v, lr, nv, te, tr, b: (rc.gae, ref.gae, (r, v, te, tr),
+                                            dict(bootstrap_value=b, lmbda=0.9)),
+    "lambda_returns": lambda r, v, lr, nv, te, tr, b: (
+        rc.lambda_returns, ref.lambda_returns, (r, v, te, tr), dict(next_values=nv, lmbda=0.8)),
+    "discounted_returns": lambda r, v, lr, nv, te, tr, b: (
+        rc.discounted_returns, ref.discounted_returns, (r, te, tr), dict(bootstrap_value=b)),
+    "vtrace": lambda r, v, lr, nv, te, tr, b: (
+        rc.vtrace, ref.vtrace, (lr, r, v, te, tr), dict(bootstrap_value=b, lmbda=0.9,
+                                                        rho_bar=1.3, c_bar=0.9)),
+    "retrace": lambda r, v, lr, nv, te, tr, b: (
+        rc.retrace, ref.retrace, (lr, r, v, nv, te, tr), dict(lmbda=0.9, c_bar=1.1)),
+    "eligibility_traces": lambda r, v, lr, nv, te, tr, b: (
+        rc.eligibility_traces, ref.eligibility_traces, (r, te | tr), dict(gamma=0.9, init=b)),
+    "episodic_cumsum": lambda r, v, lr, nv, te, tr, b: (
+        rc.episodic_cumsum, ref.episodic_cumsum, (r, te), dict(init=b)),
+    "linear_recurrence": lambda r, v, lr, nv, te, tr, b: (
+        rc.linear_recurrence, ref.linear_recurrence, (r, torch.sigmoid(v)), dict(init=b)),
+    "linear_recurrence_fwd": lambda r, v, lr, nv, te, tr, b: (
+        rc.linear_recurrence, ref.linear_recurrence, (r, torch.sigmoid(v)),
+        dict(init=b, reverse=False)),
+}
+
+
+def _check(got, want, tol):
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.numel() > 0
+        assert not torch.isnan(g).any()
+        err = (g.double().cpu() - w).abs().max().item()
+        assert err <= tol * (1 + w.abs().max().item()), err
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cpu_path_splits_long_streams(name, gen, monkeypatch):
+    """Two streams of 12,000 steps: the CPU path splits time into segments per thread."""
+    from rl_triton_core import _cpu_scan
+
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
+    monkeypatch.setattr(_cpu_scan, "THREADS", 4)
+    fn, rfn, args, kw = CASES[name](*_inputs(gen, (2, 12_000), "cpu"))
+    _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreter_two_phase_carry(name, gen, monkeypatch):
+    """The kernel's segmented path, forced on a small shape in the interpreter."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only (the GPU runs reach this path at long T)")
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", 16)
+    fn, rfn, args, kw = CASES[name](*_inputs(gen, (3, 77), "cpu"))
+    _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
+
+
+def _misaligned(a):
+    buf = torch.empty(a.numel() * a.element_size() + 16, dtype=torch.uint8, device=a.device)
+    out = buf[a.element_size():a.element_size() * (a.numel() + 1)].view(a.dtype).view(a.shape)
+    out.copy_(a)
+    assert out.data_ptr() % 16 != 0
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(5, 77), (3, 70_000)])
+@pytest.mark.parametrize("name", list(CASES))
+def test_cuda_cached_launch(name, shape, gen, monkeypatch):
+    """Repeated calls (the cached launch) on fresh data, also at another pointer alignment."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    _fastpath._PLANS.clear()
+    for trial in range(3):
+        fn, rfn, args, kw = CASES[name](*_inputs(gen, shape, "cuda"))
+        if trial == 2:  # same shapes and strides, pointers 4 bytes off 16-byte alignment
+            args = tuple(_misaligned(a) for a in args)
+        got = fn(*args, **kw)
+        cpu_args = [a.cpu() for a in args]
+        cpu_kw = {k: (w.cpu() if isinstance(w, torch.Tensor) else w) for k, w in kw.items()}
+        _check(got, rfn(*cpu_args, **cpu_kw), 1e-4)
+    assert _fastpath._launcher_ok
+    assert len(_fastpath._PLANS) >= 1
