@@ -11,8 +11,9 @@
 * ``compiled_scan`` -- GAE as a log-depth (Hillis-Steele) scan of (alpha, beta) pairs in
   torch ops, ``torch.compile``d, one compiled object per shape.
 
-A peer is made by ``make_peer(name, estimator, d, opts)`` which returns ``(fn, graphable)``
-or raises :class:`Skip` with the reason (recorded as "n/a: reason").
+A peer is made by ``make_peer(name, estimator, d, opts)`` which returns
+``(fn, graphable, info)`` (``info``: extra fields for the record, e.g. ``compile_s``) or
+raises :class:`Skip` with the reason (recorded as "n/a: reason").
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import time
 
 import torch
 
-__all__ = ["Skip", "PEERS", "make_floor", "make_peer", "floor_config"]
+__all__ = ["Skip", "PEERS", "APPLIES", "make_floor", "make_peer", "floor_config"]
 
 PEERS = ("loop", "torchrl", "torchrl_vec", "compiled_scan")
+# which estimators each peer implements
+APPLIES = {"loop": ("gae", "lambda_returns"), "torchrl": ("gae", "lambda_returns"),
+           "torchrl_vec": ("gae", "lambda_returns"), "compiled_scan": ("gae",)}
 
 LOOP_MAX_T = 4096  # Python loops over time: skipped beyond this (unless --all-peers)
 VEC_MAX_NUMEL = 1 << 24  # TorchRL's vectorised GAE pads every trajectory to the longest
@@ -39,20 +43,21 @@ _floor_kernel = None
 
 
 def _kernel():
-    """The floor kernel, defined on first use (so that TRITON_INTERPRET set by the
-    command line is seen when it is decorated)."""
+    """The floor kernel, defined on first use (importing this module needs no triton)."""
     global _floor_kernel
     if _floor_kernel is not None:
         return _floor_kernel
     import triton
     import triton.language as tl
 
-    @triton.jit(do_not_specialize=["NS"])
-    def floor_kernel(X0, X1, X2, X3, X4, X5, S, O0, O1, numel, NS,
-                     NX: tl.constexpr, HAS_S: tl.constexpr, TWO_OUT: tl.constexpr,
-                     I64: tl.constexpr, BLOCK: tl.constexpr):
-        # out = sum of the NX full-size inputs (+ the per-stream input S, read once:
-        # its NS elements are added to the first NS outputs, so no division per element)
+    @triton.jit(do_not_specialize=["NS0", "NS1"])
+    def floor_kernel(X0, X1, X2, X3, X4, X5, W0, W1, S0, S1, O0, O1, numel, NS0, NS1,
+                     NX: tl.constexpr, NW: tl.constexpr, A: tl.constexpr, A_P2: tl.constexpr,
+                     NSI: tl.constexpr, TWO_OUT: tl.constexpr, I64: tl.constexpr,
+                     BLOCK: tl.constexpr):
+        # out[i] = sum of the NX per-step inputs at i, + the sum over the A entries of
+        # row i of the NW per-action inputs ([numel, A]), + the per-stream inputs (read
+        # once: their NS elements are added to the first NS outputs, no division)
         pid = tl.program_id(0)
         if I64:
             o_x = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -70,8 +75,17 @@ def _kernel():
             b_acc += tl.load(X4 + o_x, mask=m, other=0).to(tl.float32)
         if NX > 5:
             b_acc += tl.load(X5 + o_x, mask=m, other=0).to(tl.float32)
-        if HAS_S:
-            b_acc += tl.load(S + o_x, mask=o_x < NS, other=0).to(tl.float32)
+        if NW > 0:
+            o_a = tl.arange(0, A_P2)
+            o_w = o_x[:, None] * A + o_a[None, :]
+            m_w = m[:, None] & (o_a[None, :] < A)
+            b_acc += tl.sum(tl.load(W0 + o_w, mask=m_w, other=0).to(tl.float32), axis=1)
+            if NW > 1:
+                b_acc += tl.sum(tl.load(W1 + o_w, mask=m_w, other=0).to(tl.float32), axis=1)
+        if NSI > 0:
+            b_acc += tl.load(S0 + o_x, mask=o_x < NS0, other=0).to(tl.float32)
+        if NSI > 1:
+            b_acc += tl.load(S1 + o_x, mask=o_x < NS1, other=0).to(tl.float32)
         tl.store(O0 + o_x, b_acc.to(O0.dtype.element_ty), mask=m)
         if TWO_OUT:
             tl.store(O1 + o_x, b_acc.to(O1.dtype.element_ty), mask=m)
@@ -80,52 +94,70 @@ def _kernel():
     return floor_kernel
 
 
-def floor_config(numel: int) -> tuple[int, int]:
+def floor_config(numel: int, width: int = 0) -> tuple[int, int]:
     """(BLOCK, num_warps): small blocks keep small problems spread over the SMs, big
-    blocks give each thread 16 elements in flight for the large ones."""
+    blocks give each thread 16 elements in flight for the large ones; with per-action
+    inputs of (power-of-2 padded) width W a block holds about 4096 of their elements."""
+    if width:
+        return max(16, 4096 // width), 8
     return (1024, 4) if numel < (1 << 21) else (4096, 8)
 
 
-def make_floor(full, per_stream, n_out: int, out_shape, out_dtype, *, block=None,
+def make_floor(narrow, wide, per_stream, n_out: int, out_shape, out_dtype, *, block=None,
                num_warps=None):
-    """A closure launching the floor kernel once on ``full`` (up to 6 tensors of the
-    data's numel, contiguous in their own layout) and ``per_stream`` (at most one
-    tensor, e.g. the bootstrap values), allocating ``n_out`` outputs like the estimator.
+    """A closure launching the floor kernel once, allocating ``n_out`` outputs of
+    ``out_shape`` like the estimator.
+
+    ``narrow``: 1..6 tensors with the data's numel (one value per step); ``wide``: 0..2
+    tensors of numel x A (one row of A per step, e.g. per-action Q values);
+    ``per_stream``: 0..2 tensors read once each (bootstrap values). All contiguous in
+    their own layout: the floor reads each byte once, in order.
     """
-    full = list(full)
-    per_stream = list(per_stream)
-    if not 1 <= len(full) <= 6:
-        raise Skip(f"the floor takes 1..6 full-size inputs, got {len(full)}")
-    if len(per_stream) > 1:
-        raise Skip(f"the floor takes at most one per-stream input, got {len(per_stream)}")
-    numel = full[0].numel()
-    for t in full:
-        if t.numel() != numel or not t.is_contiguous():
-            raise Skip("the floor needs contiguous inputs of one numel")
+    narrow, wide, per_stream = list(narrow), list(wide), list(per_stream)
+    if not 1 <= len(narrow) <= 6 or len(wide) > 2 or len(per_stream) > 2:
+        raise Skip(f"the floor takes 1..6 per-step, 0..2 per-action and 0..2 per-stream "
+                   f"inputs, got {len(narrow)}, {len(wide)}, {len(per_stream)}")
+    numel = narrow[0].numel()
+    for t in narrow + wide + per_stream:
+        if not t.is_contiguous():
+            raise Skip("the floor needs inputs contiguous in their own layout")
+    if any(t.numel() != numel for t in narrow):
+        raise Skip("the floor's per-step inputs must have one numel")
+    A = 0
+    if wide:
+        A = wide[0].numel() // max(numel, 1)
+        if any(t.numel() != numel * A for t in wide):
+            raise Skip("the floor's per-action inputs must have one width")
+    width = 1 << max(A - 1, 0).bit_length() if A else 0
     kernel = _kernel()
-    cfg_block, cfg_warps = floor_config(numel)
+    cfg_block, cfg_warps = floor_config(numel, width)
     block = block or cfg_block
     num_warps = num_warps or cfg_warps
-    xs = full + [full[0]] * (6 - len(full))
-    s = per_stream[0] if per_stream else full[0]
-    ns = per_stream[0].numel() if per_stream else 0
     grid = ((numel + block - 1) // block,)
-    device = full[0].device
+    if any(t.numel() > grid[0] * block for t in per_stream):
+        raise Skip("a per-stream input is larger than the data")
+    xs = narrow + [narrow[0]] * (6 - len(narrow))
+    ws = wide + [narrow[0]] * (2 - len(wide))
+    ss = per_stream + [narrow[0]] * (2 - len(per_stream))
+    ns = [t.numel() for t in per_stream] + [0] * (2 - len(per_stream))
+    device = narrow[0].device
     out_shape = tuple(out_shape)
-    consts = dict(NX=len(full), HAS_S=bool(per_stream), TWO_OUT=n_out == 2,
-                  I64=numel >= 2**31 - block, BLOCK=block, num_warps=num_warps)
-    x0, x1, x2, x3, x4, x5 = xs
+    consts = dict(NX=len(narrow), NW=len(wide), A=max(A, 1), A_P2=max(width, 1),
+                  NSI=len(per_stream), TWO_OUT=n_out == 2,
+                  I64=max(numel, 1) * max(A, 1) >= 2**31 - 4 * block * max(width, 1),
+                  BLOCK=block, num_warps=num_warps)
+    args = (*xs, *ws, *ss)
 
     if n_out == 2:
         def fn():
             o0 = torch.empty(out_shape, dtype=out_dtype, device=device)
             o1 = torch.empty(out_shape, dtype=out_dtype, device=device)
-            kernel[grid](x0, x1, x2, x3, x4, x5, s, o0, o1, numel, ns, **consts)
+            kernel[grid](*args, o0, o1, numel, ns[0], ns[1], **consts)
             return o0, o1
     else:
         def fn():
             o0 = torch.empty(out_shape, dtype=out_dtype, device=device)
-            kernel[grid](x0, x1, x2, x3, x4, x5, s, o0, o0, numel, ns, **consts)
+            kernel[grid](*args, o0, o0, numel, ns[0], ns[1], **consts)
             return o0
     return fn
 
@@ -222,6 +254,8 @@ _compiled: dict = {}
 
 def _compiled_for(shape_key, backend):
     """One compiled object per shape (layouts and truncation variants recompile inside it)."""
+    if backend == "none":  # the scan's math without torch.compile (the smoke test)
+        return scan_gae
     key = (shape_key, backend)
     if key not in _compiled:
         import torch._dynamo as dynamo
@@ -279,7 +313,11 @@ def _explicit_next_values(d):
 
 
 def make_peer(name: str, estimator: str, d, opts):
-    """(fn, graphable) for peer ``name`` on case ``d`` (a harness ``View``), or Skip."""
+    """(fn, graphable, info) for peer ``name`` on case ``d`` (a harness ``View``), or Skip.
+
+    Only the compiled scan is captured in a CUDA graph: the Python loops are host-bound
+    (their device time is not what a user waits for) and TorchRL's vectorised GAE syncs
+    with the host (``torch.max`` of the trajectory lengths sizes a tensor)."""
     T = d.T
     td = d.time_dim % 2
     gamma, lmbda = d.gamma, d.lmbda
@@ -291,7 +329,7 @@ def make_peer(name: str, estimator: str, d, opts):
         loop = _LOOPS[estimator]
         r, v, term, trunc, boot, nv = d.rewards, d.values, d.terminated, d.truncated, \
             d.bootstrap, d.next_values
-        return (lambda: loop(r, v, term, trunc, boot, nv, gamma, lmbda, td)), False
+        return (lambda: loop(r, v, term, trunc, boot, nv, gamma, lmbda, td)), False, {}
 
     if name in ("torchrl", "torchrl_vec"):
         if estimator not in ("gae", "lambda_returns"):
@@ -311,9 +349,9 @@ def make_peer(name: str, estimator: str, d, opts):
         done = term if d.truncated is None else (d.terminated | d.truncated).unsqueeze(-1)
         if estimator == "gae":
             f = F.vec_generalized_advantage_estimate if vec else F.generalized_advantage_estimate
-            return (lambda: f(gamma, lmbda, v, nv, r, done, term, time_dim=td)), False
+            return (lambda: f(gamma, lmbda, v, nv, r, done, term, time_dim=td)), False, {}
         f = F.vec_td_lambda_return_estimate if vec else F.td_lambda_return_estimate
-        return (lambda: f(gamma, lmbda, nv, r, done, term, time_dim=td)), False
+        return (lambda: f(gamma, lmbda, nv, r, done, term, time_dim=td)), False, {}
 
     if name == "compiled_scan":
         if estimator != "gae":
@@ -333,7 +371,6 @@ def make_peer(name: str, estimator: str, d, opts):
             torch.cuda.synchronize()
         spent = time.perf_counter() - t0
         opts.compile_spent_s += spent
-        d.extra["compile_s"] = round(spent, 2)
-        return fn, r.is_cuda
+        return fn, r.is_cuda, {"compile_s": round(spent, 2)}
 
     raise Skip(f"unknown peer {name!r}")
