@@ -47,6 +47,34 @@ def _ld(ptr, o1, o2, t, s1, s2, st, mask, FP64: tl.constexpr):
 
 
 @triton.jit
+def _exp(x, FP64: tl.constexpr):
+    """exp; in float64 by range reduction and a degree-13 Taylor polynomial, since
+    tl.exp of a float64 is only float32-accurate on CUDA (seen with triton 3.6)."""
+    if FP64:
+        xc = tl.minimum(tl.maximum(x, -708.0), 709.0)
+        k = tl.floor(xc * 1.4426950408889634 + 0.5)
+        r = xc - k * 6.93147180369123816490e-01 - k * 1.90821492927058770002e-10
+        p = 1.0 / 6227020800.0
+        p = p * r + 1.0 / 479001600.0
+        p = p * r + 1.0 / 39916800.0
+        p = p * r + 1.0 / 3628800.0
+        p = p * r + 1.0 / 362880.0
+        p = p * r + 1.0 / 40320.0
+        p = p * r + 1.0 / 5040.0
+        p = p * r + 1.0 / 720.0
+        p = p * r + 1.0 / 120.0
+        p = p * r + 1.0 / 24.0
+        p = p * r + 1.0 / 6.0
+        p = p * r + 0.5
+        p = p * r + 1.0
+        p = p * r + 1.0
+        scale = ((k.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
+        return tl.where(x != x, x, p * scale)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
 def _column(h, cols, idx):
     return tl.sum(tl.where(cols == idx, h, 0.0), axis=1)
 
@@ -135,7 +163,7 @@ def _coefficients(
             return alpha, beta, v, zero, zero, zero, no
         elif MODE == 4:
             lr = _ld(RHO, o1, o2, t, sr1, sr2, srt, m, FP64)
-            ratio = tl.exp(lr)
+            ratio = _exp(lr, FP64)
             if RB_TENSOR:
                 rb = _ld(RB, o1, o2, t, srb1, srb2, srbt, m, FP64)
             if CB_TENSOR:
@@ -153,7 +181,7 @@ def _coefficients(
             # Retrace: the trace of step t uses the ratio (lambda, c_bar) of step t+1
             mn = m & (t + 1 < T)
             lr = _ld(RHO, o1, o2, t + 1, sr1, sr2, srt, mn, FP64)
-            ratio = tl.exp(lr)
+            ratio = _exp(lr, FP64)
             if L_TENSOR:
                 lmbda = _ld(L, o1, o2, t + 1, sl1, sl2, slt, mn, FP64)
             if CB_TENSOR:
@@ -222,6 +250,7 @@ def scan_kernel(
             edge_s = BLOCK_S - 1
         carry = _column(agg_a, s_idx, edge_s) + _column(agg_b, s_idx, edge_s) * carry
 
+    carry_seg = carry
     n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
     for kk in range(0, n_chunks):
         if REVERSE:
@@ -254,25 +283,14 @@ def scan_kernel(
             h = A + B * carry[:, None]
             p_out = o1 * so1 + o2 * so2 + t * sot
             if MODE == 4:
-                # D_{t+1}: scan the coefficients of step t+1 (identity past the chunk),
-                # applied to the carry entering this chunk at its end.
-                m1 = m & (cols + 1 < BLOCK_T) & (t + 1 < t_hi)
-                a1, b1, _v1, _p0, _p1, _vn, _c1 = _coefficients(
-                    X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
-                    TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
-                    G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
-                    RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb, CB, scb1, scb2, scbt, cb,
-                    PB, spb1, spb2, spbt, pb,
-                    o1, o2, t + 1, m1, T,
-                    MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR,
-                    RB_TENSOR, CB_TENSOR, PB_TENSOR, FP64,
-                )
-                a1 = tl.where(m1, a1, 0.0)
-                b1 = tl.where(m1, b1, 1.0)
-                A1, B1 = tl.associative_scan((a1, b1), 1, _combine, reverse=True)
-                d_next = A1 + B1 * carry[:, None]
-                pg = p0 + tl.where(cont, p1 * (vnext + d_next), 0.0)
+                # pg_t needs vs_{t+1}: stored by this program (this chunk, or the one after
+                # it in time, processed before it); at the segment's end, V_{t+1} + carry.
                 tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+                tl.debug_barrier()
+                m_in = m & cont & (t + 1 < t_hi)
+                vs_next = tl.load(OUT0 + p_out + sot, mask=m_in, other=0.0).to(h.dtype)
+                vs_next = tl.where(t + 1 == t_hi, vnext + carry_seg[:, None], vs_next)
+                pg = p0 + tl.where(cont, p1 * vs_next, 0.0)
                 tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
             elif MODE == 5:
                 tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)

@@ -108,3 +108,33 @@ def test_cuda_cached_launch(name, shape, gen, monkeypatch):
         _check(got, rfn(*cpu_args, **cpu_kw), 1e-4)
     assert _fastpath._launcher_ok
     assert len(_fastpath._PLANS) >= 1
+
+
+def test_float64_exp_in_kernel_is_float64_accurate():
+    """V-trace/Retrace exponentiate log-ratios; in float64 the kernel uses its own exp
+    (tl.exp of a float64 is float32-accurate on CUDA). Checked wherever Triton runs."""
+    import os
+
+    import triton
+    import triton.language as tl
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs the interpreter or CUDA")
+
+    @triton.jit
+    def _k(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(o_ptr + i, _triton_scan._exp(tl.load(x_ptr + i, mask=i < n), True), mask=i < n)
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.cat([torch.linspace(-700, 700, 2001, dtype=torch.float64),
+                   torch.randn(500, dtype=torch.float64) * 3,
+                   torch.tensor([0.0, -0.0, 1e-300, float("inf"), -float("inf"), float("nan")],
+                                dtype=torch.float64)]).to(dev)
+    out = torch.full_like(x, -1.0)
+    _k[(1,)](x, out, x.numel(), BLOCK=4096)
+    want = torch.exp(x)
+    finite = torch.isfinite(want) & (want > 1e-300)
+    rel = ((out - want).abs() / want.abs())[finite]
+    assert rel.max().item() < 1e-14
+    assert out[-1].isnan() and out[-3] > 1e300 and out[-2] < 1e-300

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, the quick kernel table, the benchmark. Logs go to $OUT.
+# usage: bash scripts/gpu_session.sh [tests|quick|bench|all] [bench args...]
+set -u
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+what=${1:-all}; shift || true
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" | tee -a "$OUT/gpu.txt"
+if [[ $what == tests || $what == all ]]; then
+  timeout ${TEST_TIMEOUT:-240} python -m pytest tests/core -m gpu -q -n 8 -p no:cacheprovider -W ignore \
+    > "$OUT/gpu_tests.log" 2>&1
+  grep -E "^FAILED|passed|failed|error" "$OUT/gpu_tests.log" | tail -25
+fi
+if [[ $what == quick || $what == all ]]; then
+  timeout ${QUICK_TIMEOUT:-200} python scripts/gpu_quick.py ${QUICK_ARGS:-} > "$OUT/gpu_quick.log" 2>&1
+  grep -v "^ " "$OUT/gpu_quick.log" | tail -60
+fi
+if [[ $what == bench || $what == all ]]; then
+  timeout ${BENCH_TIMEOUT:-330} python -m rl_triton_core.bench --out "$OUT" "$@" > "$OUT/bench.log" 2>&1
+  tail -5 "$OUT/bench.log"
+fi
