@@ -163,7 +163,9 @@ def _pool():
 def run(fn, args, N: int, T: int):
     """Run both phases over (stream, segment) jobs, split over threads (numba releases the GIL)."""
     threads = THREADS if N * T >= _MIN_WORK else 1
-    if N >= threads or T < 4096:
+    if N >= threads or T < 4096 or threads < 4:
+        # one segment per stream; a long stream is split only for >= 4 threads, since
+        # the split costs a second pass over the inputs (with 2 threads it did not pay)
         seg = max(T, 1)
     else:  # a few long streams: split time so every thread has work
         seg = max(1024, -(-T // min(4 * threads, T // 1024)))
@@ -171,6 +173,7 @@ def run(fn, args, N: int, T: int):
     ws_a = np.zeros((N, S))
     ws_b = np.ones((N, S))
     jobs = N * S
+    threads = min(threads, jobs)
     phases = (1, 2) if S > 1 else (2,)
     for phase in phases:
         if threads == 1:

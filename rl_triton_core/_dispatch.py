@@ -6,6 +6,7 @@ Inputs arrive validated: tensors that broadcast to ``layout.shape`` (``boot`` an
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -108,6 +109,12 @@ _F64 = np.zeros(1)
 _U8 = np.zeros(1, dtype=np.uint8)
 
 
+@functools.lru_cache(maxsize=256)
+def _dummy(flag: bool, shape):
+    """A 0-stride stand-in for an absent input (never read: its switch is off)."""
+    return np.lib.stride_tricks.as_strided(_U8 if flag else _F64, shape, (0,) * len(shape))
+
+
 def _s(value):
     return 1.0 if value is None else value
 
@@ -129,14 +136,14 @@ def _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, 
             t = t.view(torch.uint8)
         return t
 
-    def a3(t, dummy=_F64):
+    def a3(t, flag=False):
         if t is None:
-            return np.lib.stride_tricks.as_strided(dummy, (N1, N2, T), (0, 0, 0))
+            return _dummy(flag, (N1, N2, T))
         return layout.as_numpy3(host(t))
 
     def a2(t):
         if t is None:
-            return np.lib.stride_tricks.as_strided(_F64, (N1, N2), (0, 0))
+            return _dummy(False, (N1, N2))
         return layout.as_numpy2(host(t))
 
     direct = on_cpu and out0.dtype in (torch.float32, torch.float64)
@@ -149,7 +156,7 @@ def _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, 
                           trunc is not None, boot is not None, init is not None,
                           gt is not None, lt is not None, rbt is not None, cbt is not None,
                           pbt is not None)
-    args = (o0, o1, a3(x), a3(v), a3(nv), a3(term, _U8), a3(trunc, _U8), a2(boot), a3(gt),
+    args = (o0, o1, a3(x), a3(v), a3(nv), a3(term, True), a3(trunc, True), a2(boot), a3(gt),
             a3(lt), _s(gs), _s(ls), a2(init), a3(rho), a3(rbt), a3(cbt), a3(pbt), _s(rbs),
             _s(cbs), _s(pbs))
     _cpu_scan.run(fn, args, layout.N, T)

@@ -60,6 +60,16 @@ def aligned_strides(t: torch.Tensor, shape: tuple) -> list | None:
     return out
 
 
+def _np_view(a, shape, strides):
+    """A strided view of numpy array ``a``'s memory (fast path for contiguous ``a``)."""
+    import numpy as np
+
+    try:
+        return np.ndarray(shape, a.dtype, a, strides=strides)
+    except ValueError:  # a is itself a non-contiguous view
+        return np.lib.stride_tricks.as_strided(a, shape=shape, strides=strides)
+
+
 class Layout:
     """Shape bookkeeping for one call: the data shape and its time axis."""
 
@@ -121,9 +131,7 @@ class Layout:
         base, s1, s2, st = self.view3(t)
         a = base.numpy()
         item = a.itemsize
-        return np.lib.stride_tricks.as_strided(
-            a, shape=(self.N1, self.N2, self.T), strides=(s1 * item, s2 * item, st * item)
-        )
+        return _np_view(a, (self.N1, self.N2, self.T), (s1 * item, s2 * item, st * item))
 
     def as_numpy2(self, t: torch.Tensor):
         import numpy as np
@@ -131,6 +139,4 @@ class Layout:
         base, s1, s2 = self.view3_notime(t)
         a = base.numpy()
         item = a.itemsize
-        return np.lib.stride_tricks.as_strided(
-            a, shape=(self.N1, self.N2), strides=(s1 * item, s2 * item)
-        )
+        return _np_view(a, (self.N1, self.N2), (s1 * item, s2 * item))
