@@ -1,0 +1,42 @@
+"""examples/torchrl_ppo.py: runs with both estimators, learns the same (slow: learns at all)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchrl")
+pytest.importorskip("gymnasium")
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "torchrl_ppo.py"
+
+
+@pytest.fixture(scope="module")
+def example():
+    spec = importlib.util.spec_from_file_location("torchrl_ppo_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_both_estimators_train_identically(example):
+    """Two iterations with each estimator: the same episodes, so the same advantages."""
+    results = [
+        example.main(example.Args(estimator=e, total_frames=512, frames_per_batch=256,
+                                  minibatch_size=128, num_epochs=1, target_return=0))
+        for e in ("torchrl", "triton")
+    ]
+    assert [r["iterations"] for r in results] == [2, 2]
+    assert results[0]["return"] == pytest.approx(results[1]["return"], rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["triton", "torchrl"])
+def test_learns_cartpole(example, estimator):
+    result = example.main(example.Args(estimator=estimator))
+    assert result["return"] >= 400, result
