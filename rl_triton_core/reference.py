@@ -85,12 +85,12 @@ def _flags(terminated, truncated, shape, pos):
     return 1.0 - term, 1.0 - done
 
 
-def _next_values(values_tf, next_values, bootstrap_value, shape, pos):
+def _next_values(values_tf, next_values, bootstrap_value, shape, pos, name="next_values"):
     """V'_t, time first: explicit ``next_values`` or the values shifted by one step."""
     if next_values is not None and bootstrap_value is not None:
-        raise ValueError("give either next_values or bootstrap_value, not both")
+        raise ValueError(f"give either {name} or bootstrap_value, not both")
     if next_values is not None:
-        return _data("next_values", next_values, shape, pos)
+        return _data(name, next_values, shape, pos)
     nv = torch.zeros_like(values_tf)
     T = nv.shape[0]
     if T > 1:
@@ -120,13 +120,13 @@ def _out(h_tf: torch.Tensor, pos: int) -> torch.Tensor:
 
 
 def _backward_inputs(rewards, values, terminated, truncated, next_values, bootstrap_value,
-                     gamma, time_dim, values_name="values"):
+                     gamma, time_dim, values_name="values", next_name="next_values"):
     rewards = _tensor("rewards", rewards)
     shape = rewards.shape
     pos = _time_pos(time_dim, rewards.dim())
     r = _data("rewards", rewards, shape, pos)
     v = _data(values_name, values, shape, pos)
-    nv = _next_values(v, next_values, bootstrap_value, shape, pos)
+    nv = _next_values(v, next_values, bootstrap_value, shape, pos, next_name)
     not_term, not_done = _flags(terminated, truncated, shape, pos)
     g = _param(gamma, shape, pos, r.device)
     return r, v, nv, not_term, not_done, g, shape, pos
@@ -263,7 +263,7 @@ def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=
     """
     r, q, e, not_term, not_done, g, shape, pos = _backward_inputs(
         rewards, q_values, terminated, truncated, expected_next_q, None, gamma, time_dim,
-        values_name="q_values")
+        values_name="q_values", next_name="expected_next_q")
     ratio = _data("log_rhos", log_rhos, shape, pos).exp()
     dev = r.device
     c = _param(lmbda, shape, pos, dev) * torch.minimum(_param(c_bar, shape, pos, dev), ratio)

@@ -1,0 +1,118 @@
+"""Test-wide setup: the Triton interpreter on machines without CUDA, and the ``impl`` fixture.
+
+``impl`` runs a test once per implementation:
+
+* ``cpu``    -- RL_TRITON_CORE_BACKEND=cpu, CPU tensors (the numba path);
+* ``interp`` -- RL_TRITON_CORE_BACKEND=triton, CPU tensors, the Triton kernels under
+  TRITON_INTERPRET=1 (only when the interpreter is on, i.e. without CUDA);
+* ``cuda``   -- RL_TRITON_CORE_BACKEND=triton, CUDA tensors; marked ``gpu`` so that
+  ``pytest -m gpu`` on the H200 runs exactly these.
+
+A test that takes the ``seed`` fixture gets a fresh random seed (or RL_TEST_SEED) that is
+printed with the failure report, so a failing case can be rerun exactly.
+"""
+
+import os
+
+import torch
+
+# Must happen before anything imports triton (rl_triton_core does).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import random  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import pytest  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+BACKEND_ENV = "RL_TRITON_CORE_BACKEND"
+
+_BACKEND = {"cpu": "cpu", "interp": "triton", "cuda": "triton"}
+_DEVICE = {"cpu": "cpu", "interp": "cpu", "cuda": "cuda"}
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation under test: the backend name and where its tensors live."""
+
+    name: str
+    backend: str
+    device: torch.device
+
+    @property
+    def is_interp(self) -> bool:
+        return self.name == "interp"
+
+
+def impl_skip_reason(name: str) -> str | None:
+    if name == "interp" and not TRITON_INTERPRET:
+        return "TRITON_INTERPRET is not set (CUDA present): the interpreter tests are skipped"
+    if name == "cuda" and not HAS_CUDA:
+        return "needs CUDA"
+    return None
+
+
+def make_impl(name: str) -> Impl:
+    return Impl(name, _BACKEND[name], torch.device(_DEVICE[name]))
+
+
+IMPL_PARAMS = ["cpu", "interp", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=IMPL_PARAMS)
+def impl(request, monkeypatch) -> Impl:
+    reason = impl_skip_reason(request.param)
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv(BACKEND_ENV, _BACKEND[request.param])
+    return make_impl(request.param)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A fresh random seed per test (RL_TEST_SEED=<n> to replay one), shown on failure."""
+    value = os.environ.get("RL_TEST_SEED")
+    s = int(value) if value else random.SystemRandom().randrange(2**31)
+    request.node.rl_test_seed = s
+    return s
+
+
+@pytest.fixture
+def gen(seed) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def segments(impl, monkeypatch):
+    """``segments(n)``: for the rest of the test, the Triton launches split time into
+    segments of n steps (the two-phase carry that long streams take), so that small
+    shapes reach that path too; a no-op for ``n=None`` and on the CPU path."""
+
+    def force(seg_len):
+        if seg_len and impl.backend == "triton":
+            from rl_triton_core import _triton_scan
+
+            monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", seg_len)
+
+    return force
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without CUDA, everything marked ``gpu`` is skipped (not failed)."""
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    s = getattr(item, "rl_test_seed", None)
+    if s is not None and report.failed:
+        report.sections.append(("random seed", f"rerun with RL_TEST_SEED={s}"))
+    return report

@@ -1,0 +1,495 @@
+"""Every public estimator against the float64 reference, on fresh random inputs.
+
+The case matrix crosses layouts (batch shape, position of the time axis) with T in
+{1, 2, 7, 33, 70}; the other choices (dtype, flag dtype and pattern, memory view, how
+next values are given, gamma/lmbda as numbers or tensors) are spread over the cases by a
+fixed pseudo-random assignment, visible in each test id. Values are random per run: the
+seed is shown when a test fails (rerun with RL_TEST_SEED=<seed>).
+"""
+
+import random
+
+import pytest
+import torch
+from core_testlib import (
+    BACKWARD,
+    DTYPES,
+    FLAG_KINDS,
+    FLAG_PATTERNS,
+    FORWARD,
+    GAMMA_MODES,
+    VIEWS,
+    assert_close_to_ref,
+    bernoulli,
+    drop_axis,
+    lib,
+    make_done,
+    make_flags,
+    make_gamma,
+    make_threshold,
+    place,
+    randn,
+    ref,
+    run_case,
+    uniform,
+)
+
+TS = (1, 2, 7, 33, 70)
+# (data shape with None for the time axis, time_dim)
+BACKWARD_LAYOUTS = (
+    ((None,), -1),
+    ((None,), 0),
+    ((None, 3), 0),  # time-major [T, B]
+    ((3, None), -1),  # [B, T]
+    ((3, None, 1), -2),  # TorchRL [B, T, 1]
+    ((2, 3, None), 2),  # [B1, B2, T]
+    ((2, None, 3), 1),  # time in the middle
+)
+VALUE_MODES = ("next_values", "bootstrap", "shifted")
+
+
+def _shape(template, T):
+    return tuple(T if s is None else s for s in template)
+
+
+def _dtype_id(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def _backward_cases():
+    rnd = random.Random(20240601)
+    cases = []
+    for template, time_dim in BACKWARD_LAYOUTS:
+        for T in TS:
+            cases.append(dict(
+                shape=_shape(template, T), time_dim=time_dim,
+                dtype=rnd.choice(DTYPES), kind=rnd.choice(FLAG_KINDS),
+                pattern=rnd.choice(FLAG_PATTERNS), view=rnd.choice(VIEWS),
+                vmode=rnd.choice(VALUE_MODES), gmode=rnd.choice(GAMMA_MODES),
+                lmode=rnd.choice(GAMMA_MODES), seg=rnd.choice((None, 16))))
+    return cases
+
+
+def _case_id(c):
+    return "-".join(str(v if not isinstance(v, torch.dtype) else _dtype_id(v))
+                    for v in c.values()).replace(" ", "")
+
+
+BACKWARD_CASES = _backward_cases()
+
+
+def backward_call(name, gen, *, shape, time_dim, dtype, kind, pattern, view, vmode, gmode,
+                  lmode, device, seg=None):
+    """(args, kwargs) for one backward estimator, every tensor placed in ``view``."""
+    pos = time_dim % len(shape)
+    P = lambda x: place(x, view, device)  # noqa: E731
+
+    def coef(mode, make, **kw):
+        c = make(gen, shape, mode, dtype, pos=pos, **kw)
+        if not isinstance(c, torch.Tensor):
+            return c
+        return P(c) if c.shape == shape else c.to(device)
+
+    args = []
+    if name in ("vtrace", "retrace"):
+        args.append(P(randn(gen, shape, dtype, scale=0.7)))  # log_rhos
+    args.append(P(randn(gen, shape, dtype)))  # rewards
+    if name != "discounted_returns":
+        args.append(P(randn(gen, shape, dtype)))  # values / q_values
+    term, trunc = make_flags(gen, shape, pattern, kind, dtype)
+    kwargs = dict(gamma=coef(gmode, make_gamma), time_dim=time_dim)
+    if name == "retrace":
+        args.append(P(randn(gen, shape, dtype)))  # expected_next_q
+    elif vmode == "next_values":
+        kwargs["next_values"] = P(randn(gen, shape, dtype))
+    elif vmode == "bootstrap":
+        kwargs["bootstrap_value"] = P(randn(gen, drop_axis(shape, pos), dtype))
+    if name != "discounted_returns":
+        kwargs["lmbda"] = coef(lmode, make_gamma, lo=0.0)
+    if name == "vtrace":
+        kwargs.update(rho_bar=coef(gmode, make_threshold), c_bar=coef(lmode, make_threshold),
+                      pg_rho_bar=coef("float", make_threshold))
+    if name == "retrace":
+        kwargs["c_bar"] = coef(gmode, make_threshold)
+    args += [P(term), None if trunc is None else P(trunc)]
+    return args, kwargs
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=_case_id)
+def test_backward_estimator_matches_reference(name, case, impl, gen, seed, segments):
+    segments(case["seg"])
+    args, kwargs = backward_call(name, gen, device=impl.device, **case)
+    run_case(name, args, kwargs, impl=impl, dtype=case["dtype"], seed=seed,
+             ctx=_case_id(case))
+
+
+# ------------------------------------------------------------------- forward scans
+
+# (x shape with None for time, number of done axes, time_dim)
+FORWARD_LAYOUTS = (
+    ((None,), 1, -1),
+    ((None, 3), 2, 0),  # time-major [T, B]
+    ((None, 3), 1, 0),  # [T] stream with 3 features
+    ((3, None), 2, -1),
+    ((3, None, 4), 2, -2),  # [B, T, F], done [B, T]
+    ((3, None, 1), 3, -2),  # TorchRL [B, T, 1]
+    ((2, None, 2, 3), 2, 1),  # two feature axes
+)
+FORWARD_GAMMA_MODES = ("float", "full", "per_step", "per_stream", "scalar_tensor", "x_full")
+
+
+def _forward_cases():
+    rnd = random.Random(777)
+    cases = []
+    for template, done_ndim, time_dim in FORWARD_LAYOUTS:
+        for T in TS:
+            shape = _shape(template, T)
+            gmodes = FORWARD_GAMMA_MODES if done_ndim < len(shape) else FORWARD_GAMMA_MODES[:-1]
+            cases.append(dict(
+                shape=shape, done_ndim=done_ndim, time_dim=time_dim,
+                dtype=rnd.choice(DTYPES), kind=rnd.choice(FLAG_KINDS),
+                pattern=rnd.choice(("random", "random", "all_done", "none")),
+                view=rnd.choice(VIEWS), init=rnd.choice((True, False)),
+                gmode=rnd.choice(gmodes), lmode=rnd.choice(gmodes), seg=rnd.choice((None, 16))))
+    return cases
+
+
+FORWARD_CASES = _forward_cases()
+
+
+def forward_call(name, gen, *, shape, done_ndim, time_dim, dtype, kind, pattern, view, init,
+                 gmode, lmode, device, seg=None):
+    pos = time_dim % len(shape)
+    P = lambda x: place(x, view, device)  # noqa: E731
+    done_shape = shape[:done_ndim]
+    x = randn(gen, shape, dtype)
+    done = make_done(gen, done_shape, pattern, kind, dtype)
+    kwargs = dict(time_dim=time_dim)
+    if init:
+        kwargs["init"] = P(randn(gen, drop_axis(shape, pos), dtype))
+    if name == "eligibility_traces":
+        for key, mode in (("gamma", gmode), ("lmbda", lmode)):
+            if mode == "x_full":  # per-feature discount: x's full shape
+                g = make_gamma(gen, shape, "full", dtype)
+            else:
+                g = make_gamma(gen, done_shape, mode, dtype, pos=pos)
+            kwargs[key] = P(g) if isinstance(g, torch.Tensor) and g.dim() else (
+                g.to(device) if isinstance(g, torch.Tensor) else g)
+    return [P(x), P(done)], kwargs
+
+
+@pytest.mark.parametrize("name", FORWARD)
+@pytest.mark.parametrize("case", FORWARD_CASES, ids=_case_id)
+def test_forward_scan_matches_reference(name, case, impl, gen, seed, segments):
+    segments(case["seg"])
+    args, kwargs = forward_call(name, gen, device=impl.device, **case)
+    run_case(name, args, kwargs, impl=impl, dtype=case["dtype"], seed=seed,
+             ctx=_case_id(case))
+
+
+def _linrec_cases():
+    rnd = random.Random(99)
+    return [dict(shape=_shape(template, T), time_dim=time_dim, dtype=rnd.choice(DTYPES),
+                 view=rnd.choice(VIEWS), reverse=rnd.choice((True, False)),
+                 init=rnd.choice((True, False)), seg=rnd.choice((None, 16)))
+            for template, time_dim in BACKWARD_LAYOUTS for T in TS]
+
+
+LINREC_CASES = _linrec_cases()
+
+
+@pytest.mark.parametrize("case", LINREC_CASES, ids=_case_id)
+def test_linear_recurrence_matches_reference(case, impl, gen, seed, segments):
+    segments(case["seg"])
+    shape, pos, dtype = case["shape"], case["time_dim"] % len(case["shape"]), case["dtype"]
+    P = lambda x: place(x, case["view"], impl.device)  # noqa: E731
+    alpha = randn(gen, shape, dtype)
+    beta = uniform(gen, shape, -1.0, 1.0, dtype)
+    kwargs = dict(reverse=case["reverse"], time_dim=case["time_dim"])
+    if case["init"]:
+        kwargs["init"] = P(randn(gen, drop_axis(shape, pos), dtype))
+    run_case("linear_recurrence", [P(alpha), P(beta)], kwargs, impl=impl, dtype=dtype,
+             seed=seed, ctx=_case_id(case))
+
+
+# ---------------------------------------------------------------- focused checks
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("name", BACKWARD + FORWARD + ("linear_recurrence",))
+def test_every_dtype_keeps_dtype(name, dtype, impl, gen, seed):
+    shape = (4, 33)
+    if name in BACKWARD:
+        args, kwargs = backward_call(
+            name, gen, shape=shape, time_dim=-1, dtype=dtype, kind="float", pattern="random",
+            view="contiguous", vmode="bootstrap", gmode="full", lmode="full",
+            device=impl.device)
+    elif name in FORWARD:
+        args, kwargs = forward_call(
+            name, gen, shape=shape, done_ndim=2, time_dim=-1, dtype=dtype, kind="float",
+            pattern="random", view="contiguous", init=True, gmode="full", lmode="float",
+            device=impl.device)
+    else:
+        args = [randn(gen, shape, dtype).to(impl.device),
+                uniform(gen, shape, 0.0, 1.0, dtype).to(impl.device)]
+        kwargs = {}
+    run_case(name, args, kwargs, impl=impl, dtype=dtype, seed=seed)
+
+
+@pytest.mark.parametrize("pattern", FLAG_PATTERNS)
+@pytest.mark.parametrize("kind", FLAG_KINDS)
+@pytest.mark.parametrize("name", BACKWARD)
+def test_flag_patterns_and_dtypes(name, kind, pattern, impl, gen, seed):
+    args, kwargs = backward_call(
+        name, gen, shape=(3, 7), time_dim=-1, dtype=torch.float32, kind=kind,
+        pattern=pattern, view="contiguous", vmode="next_values", gmode="float", lmode="float",
+        device=impl.device)
+    run_case(name, args, kwargs, impl=impl, dtype=torch.float32, seed=seed, ctx=pattern)
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+def test_both_flags_count_as_terminated(name, impl, gen, seed):
+    shape = (3, 33)
+    args, kwargs = backward_call(
+        name, gen, shape=shape, time_dim=-1, dtype=torch.float64, kind="bool",
+        pattern="no_truncated", view="contiguous", vmode="next_values", gmode="float",
+        lmode="float", device=impl.device)
+    term = args[-2]
+    (both,) = run_case(name, args[:-1] + [term.clone()], kwargs, impl=impl,
+                       dtype=torch.float64, seed=seed)[:1]
+    (only_term,) = run_case(name, args[:-1] + [None], kwargs, impl=impl, dtype=torch.float64,
+                            seed=seed)[:1]
+    torch.testing.assert_close(both, only_term, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ("gae", "lambda_returns"))
+def test_explicit_next_values_equal_shifted_with_bootstrap(name, impl, gen, seed):
+    shape, pos = (2, 33, 1), 1
+    dtype = torch.float64
+    rewards, values = randn(gen, shape, dtype), randn(gen, shape, dtype)
+    term, trunc = make_flags(gen, shape, "random", "bool", dtype)
+    boot = randn(gen, (2, 1), dtype)
+    nv = torch.cat([values[:, 1:], boot[:, None]], dim=pos)
+    dev = impl.device
+    base = [rewards.to(dev), values.to(dev), term.to(dev), trunc.to(dev)]
+    kw = dict(gamma=0.97, lmbda=0.9, time_dim=-2)
+    a = run_case(name, base, dict(kw, bootstrap_value=boot.to(dev)), impl=impl, dtype=dtype,
+                 seed=seed)
+    b = run_case(name, base, dict(kw, next_values=nv.to(dev)), impl=impl, dtype=dtype,
+                 seed=seed)
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    # no bootstrap_value means V'_{T-1} = 0
+    nv0 = torch.cat([values[:, 1:], torch.zeros_like(boot[:, None])], dim=pos)
+    c = run_case(name, base, kw, impl=impl, dtype=dtype, seed=seed)
+    d = run_case(name, base, dict(kw, next_values=nv0.to(dev)), impl=impl, dtype=dtype,
+                 seed=seed)
+    for x, y in zip(c, d, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+
+
+GAMMA_SHAPES = ((), (1,), (33,), (4, 1), (4, 33), (1, 33))
+
+
+@pytest.mark.parametrize("gshape", GAMMA_SHAPES, ids=str)
+@pytest.mark.parametrize("name", BACKWARD)
+def test_gamma_lmbda_broadcast_shapes(name, gshape, impl, gen, seed):
+    dtype = torch.float32
+    args, kwargs = backward_call(
+        name, gen, shape=(4, 33), time_dim=-1, dtype=dtype, kind="uint8", pattern="random",
+        view="contiguous", vmode="bootstrap", gmode="float", lmode="float",
+        device=impl.device)
+    kwargs["gamma"] = uniform(gen, gshape, 0.5, 1.0, dtype).to(impl.device)
+    if "lmbda" in kwargs:
+        kwargs["lmbda"] = uniform(gen, gshape, 0.0, 1.0, dtype).to(impl.device)
+    run_case(name, args, kwargs, impl=impl, dtype=dtype, seed=seed, ctx=str(gshape))
+
+
+def _outputs(name, args, kwargs):
+    out = lib(name)(*args, **kwargs)
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("name", BACKWARD + FORWARD + ("linear_recurrence",))
+def test_nan_stays_in_its_stream(name, impl, gen, seed):
+    """A NaN at step t of stream b reaches no other stream, and (backward) no later step /
+    (forward) no earlier step of stream b; everything else still matches the reference."""
+    B, T, t_nan, b_nan = 4, 33, 17, 2
+    dtype = torch.float32
+    if name in BACKWARD:
+        args, kwargs = backward_call(
+            name, gen, shape=(B, T), time_dim=-1, dtype=dtype, kind="bool", pattern="random",
+            view="contiguous", vmode="next_values", gmode="float", lmode="float",
+            device=impl.device)
+    elif name in FORWARD:
+        args, kwargs = forward_call(
+            name, gen, shape=(B, T), done_ndim=2, time_dim=-1, dtype=dtype, kind="bool",
+            pattern="random", view="contiguous", init=True, gmode="float", lmode="float",
+            device=impl.device)
+    else:
+        args = [randn(gen, (B, T), dtype).to(impl.device),
+                uniform(gen, (B, T), 0.0, 1.0, dtype).to(impl.device)]
+        kwargs = dict(reverse=bool(seed % 2))
+    data = 1 if name in ("vtrace", "retrace") else 0  # rewards / x / alpha
+    args[data][b_nan, t_nan] = float("nan")
+    backward = name in BACKWARD or kwargs.get("reverse", False)
+    got = _outputs(name, args, kwargs)
+    expected = ref(name)(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args],
+                         **{k: v.cpu() if isinstance(v, torch.Tensor) else v
+                            for k, v in kwargs.items()})
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    unaffected = torch.ones(B, T, dtype=torch.bool)
+    if backward:
+        unaffected[b_nan, : t_nan + 1] = False
+    else:
+        unaffected[b_nan, t_nan:] = False
+    for k, (g, e) in enumerate(zip(got, expected, strict=True)):
+        ctx = f"{name} [{impl.name}, seed={seed}] output {k}"
+        assert torch.isnan(g[b_nan, t_nan].cpu()), f"{ctx}: the NaN step itself is not NaN"
+        assert torch.isfinite(g.cpu()[unaffected]).all(), f"{ctx}: NaN leaked"
+        assert_close_to_ref(g, e, dtype, ctx, mask=unaffected)
+
+
+@pytest.mark.parametrize("shape,time_dim", [((0,), -1), ((3, 0), -1), ((0, 3), 0),
+                                            ((2, 0, 1), -2)], ids=str)
+@pytest.mark.parametrize("name", BACKWARD + FORWARD + ("linear_recurrence",))
+def test_empty_time_axis(name, shape, time_dim, impl, seed):
+    dtype = torch.float32
+    z = torch.zeros(shape, dtype=dtype, device=impl.device)
+    done = torch.zeros(shape, dtype=torch.bool, device=impl.device)
+    if name == "discounted_returns":
+        args = [z, done]
+    elif name == "vtrace":
+        args = [z, z.clone(), z.clone(), done]
+    elif name == "retrace":
+        args = [z, z.clone(), z.clone(), z.clone(), done]
+    elif name in BACKWARD:
+        args = [z, z.clone(), done]
+    elif name in FORWARD:
+        args = [z, done]
+    else:
+        args = [z, z.clone()]
+    got = _outputs(name, args, dict(time_dim=time_dim))
+    n_out = 2 if name in ("gae", "vtrace") else 1
+    assert len(got) == n_out
+    for g in got:
+        assert isinstance(g, torch.Tensor) and tuple(g.shape) == shape and g.dtype == dtype
+
+
+@pytest.mark.parametrize("name", BACKWARD + FORWARD)
+def test_two_episodes_in_one_stream_equal_two_streams(name, impl, gen, seed):
+    """One stream holding two episodes (done at the boundary; next values given) equals the
+    two halves computed separately, and both equal the reference."""
+    dtype, T1, T2, B = torch.float64, 20, 13, 3
+    T = T1 + T2
+    dev = impl.device
+    x = randn(gen, (B, T), dtype)
+    values = randn(gen, (B, T), dtype)
+    nv = randn(gen, (B, T), dtype)
+    log_rhos = randn(gen, (B, T), dtype, scale=0.7)
+    term = bernoulli(gen, (B, T), 0.1)
+    trunc = bernoulli(gen, (B, T), 0.1) & ~term
+    # the boundary: stream 0 terminates, stream 1 truncates, stream 2 both
+    term[:, T1 - 1] = torch.tensor([True, False, True])
+    trunc[:, T1 - 1] = torch.tensor([False, True, True])
+    gamma = uniform(gen, (B, T), 0.8, 1.0, dtype)
+
+    def call(sl):
+        if name in FORWARD:
+            done = term[:, sl] | trunc[:, sl]
+            kw = dict(gamma=gamma[:, sl].to(dev), lmbda=0.9) if name == "eligibility_traces" \
+                else {}
+            args = [x[:, sl].to(dev), done.to(dev)]
+        else:
+            kw = dict(gamma=gamma[:, sl].to(dev))
+            args = [log_rhos[:, sl].to(dev)] if name in ("vtrace", "retrace") else []
+            args.append(x[:, sl].to(dev))
+            if name != "discounted_returns":
+                args.append(values[:, sl].to(dev))
+                kw["lmbda"] = 0.9
+            if name == "retrace":
+                args.append(nv[:, sl].to(dev))  # expected_next_q
+            else:
+                kw["next_values"] = nv[:, sl].to(dev)
+            args += [term[:, sl].to(dev), trunc[:, sl].to(dev)]
+        return run_case(name, args, kw, impl=impl, dtype=dtype, seed=seed)
+
+    whole = call(slice(None))
+    first, second = call(slice(0, T1)), call(slice(T1, T))
+    for w, a, b in zip(whole, first, second, strict=True):
+        torch.testing.assert_close(w, torch.cat([a, b], dim=1), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("int_dtype", [torch.int64, torch.int32, torch.uint8, torch.bool],
+                         ids=_dtype_id)
+@pytest.mark.parametrize("name", ("gae", "discounted_returns", "episodic_cumsum",
+                                  "linear_recurrence"))
+def test_integer_data_gives_float32(name, int_dtype, impl, gen, seed):
+    """api.md: outputs are in the data's dtype, float32 for integer or bool inputs."""
+    shape = (3, 33)
+    dev = impl.device
+
+    def ints(hi=3):
+        x = torch.randint(0, hi, shape, generator=gen)
+        return (x > 0 if int_dtype == torch.bool else x.to(int_dtype)).to(dev)
+
+    done = (torch.rand(shape, generator=gen) < 0.2).to(dev)
+    if name == "gae":
+        args, kw = [ints(), ints(), done], dict(gamma=0.9, lmbda=0.8)
+    elif name == "discounted_returns":
+        args, kw = [ints(), done], dict(gamma=0.9)
+    elif name == "episodic_cumsum":  # running episode length: x = 1
+        args, kw = [torch.ones(shape, dtype=int_dtype, device=dev), done], {}
+    else:
+        args, kw = [ints(), torch.zeros(shape, dtype=int_dtype, device=dev) + (
+            int_dtype != torch.bool)], dict(reverse=False)
+    run_case(name, args, kw, impl=impl, dtype=torch.float32, seed=seed)
+
+
+@pytest.mark.parametrize("layout", ["batch_major", "time_major"])
+@pytest.mark.parametrize("next_given", [False, True])
+def test_retrace_from_actions_matches_reference(layout, next_given, impl, gen, seed):
+    """The per-action convenience form equals reference.retrace on Q_t = q[a_t],
+    log rho_t = log pi(a_t) - log mu(a_t), E_t = sum_a pi(a|s_{t+1}) Q(s_{t+1}, a), with
+    row t+1 as the next state (the last row from bootstrap_*) unless next_* is given."""
+    B, T, A = 3, 33, 4
+    dtype, dev = torch.float64, impl.device
+    q = randn(gen, (B, T, A), dtype)
+    probs = torch.softmax(randn(gen, (B, T, A), dtype), -1)
+    actions = torch.randint(0, A, (B, T), generator=gen)
+    log_mu = torch.log(uniform(gen, (B, T), 0.1, 1.0, dtype))
+    rewards = randn(gen, (B, T), dtype)
+    term, trunc = make_flags(gen, (B, T), "random", "bool", dtype)
+    kw = dict(gamma=0.95, lmbda=0.9, c_bar=1.2)
+    if next_given:
+        nq = randn(gen, (B, T, A), dtype)
+        nprobs = torch.softmax(randn(gen, (B, T, A), dtype), -1)
+        kw.update(next_q_values=nq, next_target_probs=nprobs)
+    else:
+        bq = randn(gen, (B, A), dtype)
+        bprobs = torch.softmax(randn(gen, (B, A), dtype), -1)
+        kw.update(bootstrap_q_values=bq, bootstrap_target_probs=bprobs)
+        nq = torch.cat([q[:, 1:], bq[:, None]], 1)
+        nprobs = torch.cat([probs[:, 1:], bprobs[:, None]], 1)
+    # reference inputs, batch-major
+    idx = actions[..., None]
+    q_taken = q.gather(-1, idx)[..., 0]
+    log_rhos = probs.gather(-1, idx)[..., 0].log() - log_mu
+    e = ref("expected_next_q_from_actions")(nprobs, nq)
+    expected = ref("retrace")(log_rhos, rewards, q_taken, e, term, trunc, **{
+        k: kw[k] for k in ("gamma", "lmbda", "c_bar")})
+    step_args = [actions, log_mu, rewards, term, trunc]
+    act_args = [q, probs]
+    if layout == "time_major":  # [T, B] and [T, B, A], time_dim=0
+        step_args = [a.transpose(0, 1) for a in step_args]
+        act_args = [a.transpose(0, 1) for a in act_args]
+        kw = {k: (v.transpose(0, 1) if isinstance(v, torch.Tensor) and v.dim() == 3 else v)
+              for k, v in kw.items()}
+        kw["time_dim"] = 0
+        expected = expected.transpose(0, 1)
+    a, lm, r, te, tr = (x.to(dev) for x in step_args)
+    qq, pp = (x.to(dev) for x in act_args)
+    kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    got = lib("retrace_from_actions")(qq, pp, a, lm, r, te, tr, **kw)
+    assert_close_to_ref(got, expected, dtype, f"retrace_from_actions [{impl.name}, seed={seed}]")
