@@ -41,7 +41,8 @@ def lint(session):
 def demo(session):
     """The main job: CleanRL PPO on CartPole with GAE on the kernels, solved on the CPU."""
     _install(session, "cleanrl")
-    session.run("python", "examples/cleanrl_ppo.py", *session.posargs)
+    args = session.posargs or ["--no-cuda", "--target-return", "475"]
+    session.run("python", "examples/cleanrl_ppo.py", *args)
 
 
 @nox.session
