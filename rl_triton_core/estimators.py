@@ -146,7 +146,9 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
 
     The window end bootstraps fully from V'_{T-1}. Where V'_t = V_{t+1} at every
     step that is not done, ``G - values`` equals :func:`gae`'s advantages.
-    Arguments and shapes as :func:`gae`; returns G with rewards' shape.
+    Arguments and shapes as :func:`gae`; returns G with rewards' shape. The
+    formula never reads V_t itself: with ``next_values`` given, ``values`` may be
+    None.
 
     Example::
 
@@ -154,7 +156,7 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
         >>> from rl_triton_core import lambda_returns
         >>> r = torch.ones(3); v = torch.zeros(3); term = torch.zeros(3, dtype=torch.bool)
         >>> lambda_returns(r, v, term, bootstrap_value=torch.tensor(2.0), gamma=0.5, lmbda=1.0)
-        tensor([2.0000, 2.0000, 2.0000])
+        tensor([2., 2., 2.])
     """
     return _returns_family(MODE_TDLAMBDA, rewards, values, terminated, truncated, next_values,
                            bootstrap_value, gamma, lmbda, time_dim, False)

@@ -1,0 +1,20 @@
+"""Every example in the public docstrings runs and prints what it says (CPU path)."""
+
+import doctest
+
+import pytest
+
+import rl_triton_core.estimators as estimators
+
+
+@pytest.mark.parametrize("name", estimators.__all__)
+def test_docstring_example(name, monkeypatch):
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
+    fn = getattr(estimators, name)
+    assert ">>>" in (fn.__doc__ or ""), f"{name} has no runnable example"
+    finder = doctest.DocTestFinder(recurse=False)
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    for test in finder.find(fn, name, globs={}):
+        runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.attempted > 0 and result.failed == 0
