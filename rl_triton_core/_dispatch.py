@@ -60,8 +60,14 @@ def run(mode, layout: Layout, out_dtype, device, *, x, v=None, nv=None, term=Non
     inputs = dict(x=x, v=v, nv=nv, term=term, trunc=trunc, boot=boot, init=init, rho=rho,
                   g=g, l=l, rb=rb, cb=cb, pb=pb)
     if backend_for(device) == "triton":
-        _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx,
-                    out_dtype)
+        if device.type == "cuda" and device.index != torch.cuda.current_device():
+            # Triton launches on the current device: make it the inputs' one
+            with torch.cuda.device(device):
+                _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx,
+                            out_dtype)
+        else:
+            _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx,
+                        out_dtype)
     else:
         _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init,
                  rho, rb, cb, pb, reverse, two_out)
