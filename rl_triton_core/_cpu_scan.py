@@ -17,9 +17,9 @@ import numpy as np
 from rl_triton_core._triton_scan import (
     MODE_GAE,
     MODE_LINREC,
+    MODE_RETRACE,
     MODE_TDLAMBDA,
     MODE_TRACE,
-    MODE_RETRACE,
     MODE_VTRACE,
 )
 

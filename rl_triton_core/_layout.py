@@ -126,7 +126,6 @@ class Layout:
 
     def as_numpy3(self, t: torch.Tensor):
         """A numpy [N1, N2, T] strided view of a CPU tensor (no copy unless unmergeable)."""
-        import numpy as np
 
         base, s1, s2, st = self.view3(t)
         a = base.numpy()
@@ -134,7 +133,6 @@ class Layout:
         return _np_view(a, (self.N1, self.N2, self.T), (s1 * item, s2 * item, st * item))
 
     def as_numpy2(self, t: torch.Tensor):
-        import numpy as np
 
         base, s1, s2 = self.view3_notime(t)
         a = base.numpy()

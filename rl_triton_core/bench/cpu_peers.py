@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import rl_triton_core as rc
+from rl_triton_core import _cpu_scan
 
 
 def _median_ms(fns, reps):
@@ -78,9 +79,10 @@ def torchrl_gae(reps, B=4096, T=128, seed=0):
     rows = []
     ours = lambda: rc.gae(r, v, term, done, next_values=nv, gamma=0.99, lmbda=0.95,  # noqa
                           time_dim=-2)
-    for name, fn in (("TorchRL 0.14 generalized_advantage_estimate", generalized_advantage_estimate),
-                     ("TorchRL 0.14 vec_generalized_advantage_estimate",
-                      vec_generalized_advantage_estimate)):
+    peers = (("TorchRL 0.14 generalized_advantage_estimate", generalized_advantage_estimate),
+             ("TorchRL 0.14 vec_generalized_advantage_estimate",
+              vec_generalized_advantage_estimate))
+    for name, fn in peers:
         peer = lambda fn=fn: fn(0.99, 0.95, v, nv, r, done, term, time_dim=-2)  # noqa
         err = float((ours()[0] - peer()[0]).abs().max())
         t_peer, t_ours = _median_ms([peer, ours], reps)
@@ -95,7 +97,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rows = [rllib_flat(args.reps), *torchrl_gae(args.reps)]
     print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, numba threads {rc._cpu_scan.THREADS}")
+          f"torch {torch.__version__}, numba threads {_cpu_scan.THREADS}")
     print("| peer | shape | peer ms | rl_triton_core ms | speed-up | max abs diff |")
     print("|---|---|---|---|---|---|")
     for row in rows:
