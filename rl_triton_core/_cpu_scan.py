@@ -24,6 +24,9 @@ from rl_triton_core._triton_scan import (
 )
 
 _KERNELS: dict = {}
+# numba's on-disk cache (per variant: the flags are the closure's constants); set
+# RL_TRITON_CORE_NUMBA_CACHE=0 to compile afresh in every process.
+_CACHE = os.environ.get("RL_TRITON_CORE_NUMBA_CACHE", "1") == "1"
 
 
 def kernel(mode, reverse, two_out, has_v, has_nv, has_trunc, has_boot, has_init, g_tensor,
@@ -36,62 +39,64 @@ def kernel(mode, reverse, two_out, has_v, has_nv, has_trunc, has_boot, has_init,
     return fn
 
 
+@numba.njit(cache=_CACHE)
+def _coefficients(MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, RB_TENSOR,
+                  CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, l, gs, ls,
+                  rho, rb, cb, pb, rbs, cbs, pbs):
+    """(alpha, beta, v, p0, p1, vnext, cont) of stream (i, j) at step t; see
+    _triton_scan._coefficients (V-trace's pg_t = p0 + [cont] p1 (vnext + D_{t+1}))."""
+    xt = float(x[i, j, t])
+    if MODE == MODE_LINREC:
+        return xt, float(v[i, j, t]), xt, 0.0, 0.0, 0.0, False
+    if MODE == MODE_TRACE:
+        tp = max(t - 1, 0)
+        gamma = float(g[i, j, tp]) if G_TENSOR else gs
+        lmbda = float(l[i, j, tp]) if L_TENSOR else ls
+        notdone = 1.0 - float(term[i, j, tp]) if t >= 1 else 1.0
+        return xt, gamma * lmbda * notdone, xt, 0.0, 0.0, 0.0, False
+    gamma = float(g[i, j, t]) if G_TENSOR else gs
+    lmbda = float(l[i, j, t]) if L_TENSOR else ls
+    te = float(term[i, j, t])
+    done = max(te, float(trunc[i, j, t])) if HAS_TRUNC else te
+    vt = float(v[i, j, t]) if HAS_V else 0.0
+    vnext = float(v[i, j, t + 1]) if HAS_V and t + 1 < T else 0.0
+    if HAS_NV:
+        nvt = float(nv[i, j, t])
+    elif t + 1 < T:
+        nvt = vnext
+    else:
+        nvt = float(boot[i, j]) if HAS_BOOT else 0.0
+    gnt = gamma * (1.0 - te)
+    if MODE == MODE_GAE:
+        return xt + gnt * nvt - vt, gamma * lmbda * (1.0 - done), vt, 0.0, 0.0, 0.0, False
+    if MODE == MODE_TDLAMBDA:
+        c = 0.0 if t == T - 1 else 1.0 - done
+        return (xt + gnt * (1.0 - lmbda * c) * nvt, gnt * lmbda * c, vt, 0.0, 0.0, 0.0,
+                False)
+    if MODE == MODE_VTRACE:
+        ratio = np.exp(float(rho[i, j, t]))
+        rbt = float(rb[i, j, t]) if RB_TENSOR else rbs
+        cbt = float(cb[i, j, t]) if CB_TENSOR else cbs
+        pbt = float(pb[i, j, t]) if PB_TENSOR else pbs
+        pgrho = min(ratio, pbt)
+        cont = done == 0.0 and t < T - 1
+        p0 = pgrho * (xt - vt + (0.0 if cont else gnt * nvt))
+        return (min(ratio, rbt) * (xt + gnt * nvt - vt),
+                gamma * (1.0 - done) * lmbda * min(ratio, cbt), vt, p0, pgrho * gnt, vnext,
+                cont)
+    # Retrace: the trace of step t uses the ratio (lambda, c_bar) of step t+1
+    c_next = 0.0
+    if t + 1 < T:
+        ratio = np.exp(float(rho[i, j, t + 1]))
+        lnext = float(l[i, j, t + 1]) if L_TENSOR else ls
+        cbt = float(cb[i, j, t + 1]) if CB_TENSOR else cbs
+        c_next = lnext * min(ratio, cbt)
+    return xt + gnt * nvt - vt, gamma * (1.0 - done) * c_next, vt, 0.0, 0.0, 0.0, False
+
+
 def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT, G_TENSOR,
            L_TENSOR, RB_TENSOR, CB_TENSOR, PB_TENSOR):
-    @numba.njit(inline="always")
-    def coefficients(i, j, t, T, x, v, nv, term, trunc, boot, g, l, gs, ls, rho, rb, cb, pb,
-                     rbs, cbs, pbs):
-        """(alpha, beta, v, p0, p1, vnext, cont) of stream (i, j) at step t; see
-        _triton_scan._coefficients (V-trace's pg_t = p0 + [cont] p1 (vnext + D_{t+1}))."""
-        xt = float(x[i, j, t])
-        if MODE == MODE_LINREC:
-            return xt, float(v[i, j, t]), xt, 0.0, 0.0, 0.0, False
-        if MODE == MODE_TRACE:
-            tp = max(t - 1, 0)
-            gamma = float(g[i, j, tp]) if G_TENSOR else gs
-            lmbda = float(l[i, j, tp]) if L_TENSOR else ls
-            notdone = 1.0 - float(term[i, j, tp]) if t >= 1 else 1.0
-            return xt, gamma * lmbda * notdone, xt, 0.0, 0.0, 0.0, False
-        gamma = float(g[i, j, t]) if G_TENSOR else gs
-        lmbda = float(l[i, j, t]) if L_TENSOR else ls
-        te = float(term[i, j, t])
-        done = max(te, float(trunc[i, j, t])) if HAS_TRUNC else te
-        vt = float(v[i, j, t]) if HAS_V else 0.0
-        vnext = float(v[i, j, t + 1]) if HAS_V and t + 1 < T else 0.0
-        if HAS_NV:
-            nvt = float(nv[i, j, t])
-        elif t + 1 < T:
-            nvt = vnext
-        else:
-            nvt = float(boot[i, j]) if HAS_BOOT else 0.0
-        gnt = gamma * (1.0 - te)
-        if MODE == MODE_GAE:
-            return xt + gnt * nvt - vt, gamma * lmbda * (1.0 - done), vt, 0.0, 0.0, 0.0, False
-        if MODE == MODE_TDLAMBDA:
-            c = 0.0 if t == T - 1 else 1.0 - done
-            return (xt + gnt * (1.0 - lmbda * c) * nvt, gnt * lmbda * c, vt, 0.0, 0.0, 0.0,
-                    False)
-        if MODE == MODE_VTRACE:
-            ratio = np.exp(float(rho[i, j, t]))
-            rbt = float(rb[i, j, t]) if RB_TENSOR else rbs
-            cbt = float(cb[i, j, t]) if CB_TENSOR else cbs
-            pbt = float(pb[i, j, t]) if PB_TENSOR else pbs
-            pgrho = min(ratio, pbt)
-            cont = done == 0.0 and t < T - 1
-            p0 = pgrho * (xt - vt + (0.0 if cont else gnt * nvt))
-            return (min(ratio, rbt) * (xt + gnt * nvt - vt),
-                    gamma * (1.0 - done) * lmbda * min(ratio, cbt), vt, p0, pgrho * gnt, vnext,
-                    cont)
-        # Retrace: the trace of step t uses the ratio (lambda, c_bar) of step t+1
-        c_next = 0.0
-        if t + 1 < T:
-            ratio = np.exp(float(rho[i, j, t + 1]))
-            lnext = float(l[i, j, t + 1]) if L_TENSOR else ls
-            cbt = float(cb[i, j, t + 1]) if CB_TENSOR else cbs
-            c_next = lnext * min(ratio, cbt)
-        return xt + gnt * nvt - vt, gamma * (1.0 - done) * c_next, vt, 0.0, 0.0, 0.0, False
-
-    @numba.njit(nogil=True)
+    @numba.njit(nogil=True, cache=_CACHE)
     def scan(out0, out1, x, v, nv, term, trunc, boot, g, l, gs, ls, init, rho, rb, cb, pb, rbs,
              cbs, pbs, seg_len, ws_a, ws_b, phase, job_lo, job_hi):
         """Jobs [job_lo, job_hi) of one phase; job = (stream n, segment s)."""
@@ -110,9 +115,10 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
                 b = 1.0
                 for k in range(hi - lo):
                     t = hi - 1 - k if REVERSE else lo + k
-                    al, be, _, _, _, _, _ = coefficients(i, j, t, T, x, v, nv, term, trunc, boot,
-                                                         g, l, gs, ls, rho, rb, cb, pb, rbs, cbs,
-                                                         pbs)
+                    al, be, _, _, _, _, _ = _coefficients(
+                        MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, RB_TENSOR,
+                        CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, l, gs,
+                        ls, rho, rb, cb, pb, rbs, cbs, pbs)
                     a = al + be * a
                     b = be * b
                 ws_a[n, s] = a
@@ -128,9 +134,10 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
                     h = ws_a[n, q] + ws_b[n, q] * h
             for k in range(hi - lo):
                 t = hi - 1 - k if REVERSE else lo + k
-                al, be, vt, p0, p1, vnext, cont = coefficients(
-                    i, j, t, T, x, v, nv, term, trunc, boot, g, l, gs, ls, rho, rb, cb, pb,
-                    rbs, cbs, pbs)
+                al, be, vt, p0, p1, vnext, cont = _coefficients(
+                    MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, RB_TENSOR,
+                    CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, l, gs, ls,
+                    rho, rb, cb, pb, rbs, cbs, pbs)
                 d_next = h
                 h = al + be * h
                 if MODE == MODE_VTRACE:
