@@ -23,12 +23,16 @@ def _install(session, extras):
 def tests(session):
     """The CI suite (CPU only): core on the numba path and in the Triton interpreter,
     the adapters against the real TorchRL, RLlib and gymnasium."""
-    _install(session, "dev,torchrl,rllib,cleanrl")
+    _install(session, "dev,torchrl,rllib,cleanrl,bench,docs")
     session.env["TRITON_INTERPRET"] = "1"
     session.env["PYTHONHASHSEED"] = "0"
     args = session.posargs or ["-m", "not gpu and not multigpu and not slow", "-n", "2",
                                "--durations=15"]
     session.run("python", "-m", "pytest", *args)
+    if not session.posargs:  # the docs site must build cleanly too (API pages import the code)
+        session.env["NO_MKDOCS_2_WARNING"] = "1"
+        session.run("mkdocs", "build", "--strict", "--site-dir", str(session.create_tmp()) +
+                    "/site")
 
 
 @nox.session
