@@ -1,10 +1,13 @@
-"""Every public estimator against the float64 reference, on fresh random inputs.
+"""Every public estimator against the float64 reference, on fresh random inputs: gae,
+lambda_returns, discounted_returns, vtrace, retrace (and retrace_from_actions),
+eligibility_traces, episodic_cumsum, linear_recurrence.
 
 The case matrix crosses layouts (batch shape, position of the time axis) with T in
 {1, 2, 7, 33, 70}; the other choices (dtype, flag dtype and pattern, memory view, how
 next values are given, gamma/lmbda as numbers or tensors) are spread over the cases by a
-fixed pseudo-random assignment, visible in each test id. Values are random per run: the
-seed is shown when a test fails (rerun with RL_TEST_SEED=<seed>).
+fixed pseudo-random assignment, visible in each test id; on the Triton backends about
+half the cases force the segmented (two-phase) path with segments of 16 steps. Values are
+random per run: the seed is shown when a test fails (rerun with RL_TEST_SEED=<seed>).
 """
 
 import random
