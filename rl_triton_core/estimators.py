@@ -488,6 +488,3 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1):
     return run(MODE_LINREC, Layout(shape, td), dtype, device, x=alpha, v=beta, init=init,
                reverse=reverse, fast=(key, slots))
 
-
-# keep torch imported for doctest namespaces
-_ = torch
