@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core import _fastpath
+from rl_triton_core import _fastpath, _ops
 from rl_triton_core import _validate as check
 from rl_triton_core._dispatch import run
 from rl_triton_core._layout import Layout, normalize_time_dim
@@ -130,6 +130,8 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
         >>> target  # Monte-Carlo returns 1 + 0.5 * (1 + 0.5 * 1)
         tensor([1.7500, 1.5000, 1.0000])
     """
+    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
+        return _ops.call("gae", locals())
     return _returns_family(MODE_GAE, rewards, values, terminated, truncated, next_values,
                            bootstrap_value, gamma, lmbda, time_dim, True)
 
@@ -158,6 +160,8 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
         >>> lambda_returns(r, v, term, bootstrap_value=torch.tensor(2.0), gamma=0.5, lmbda=1.0)
         tensor([2., 2., 2.])
     """
+    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
+        return _ops.call("lambda_returns", locals())
     return _returns_family(MODE_TDLAMBDA, rewards, values, terminated, truncated, next_values,
                            bootstrap_value, gamma, lmbda, time_dim, False)
 
@@ -183,6 +187,8 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
         >>> discounted_returns(r, term, gamma=0.5)
         tensor([1.5000, 1.0000, 1.5000, 1.0000])
     """
+    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
+        return _ops.call("discounted_returns", locals())
     return _returns_family(MODE_TDLAMBDA, rewards, None, terminated, truncated, next_values,
                            bootstrap_value, gamma, 1.0, time_dim, False)
 
@@ -226,6 +232,8 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
         >>> vs
         tensor([1.7500, 1.5000, 1.0000])
     """
+    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
+        return _ops.call("vtrace", locals())
     return _returns_family(MODE_VTRACE, rewards, values, terminated, truncated, next_values,
                            bootstrap_value, gamma, lmbda, time_dim, True, log_rhos=log_rhos,
                            thresholds={"rho_bar": rho_bar, "c_bar": c_bar,
@@ -262,6 +270,8 @@ def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=
         >>> retrace(torch.zeros(3), torch.ones(3), q, e, term, gamma=0.5)
         tensor([1.7500, 1.5000, 1.0000])
     """
+    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
+        return _ops.call("retrace", locals())
     return _returns_family(MODE_RETRACE, rewards, q_values, terminated, truncated,
                            expected_next_q, None, gamma, lmbda, time_dim, False,
                            log_rhos=log_rhos, thresholds={"c_bar": c_bar},
@@ -329,7 +339,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         raise ValueError("pass next_q_values and next_target_probs together, or neither")
     td = normalize_time_dim(time_dim, rewards.dim())
     if actions.device.type == "cpu" and actions.numel() and \
-            bool(((actions < 0) | (actions >= A)).any()):
+            not torch.compiler.is_compiling() and bool(((actions < 0) | (actions >= A)).any()):
         raise ValueError(f"actions must lie in [0, {A}) (the action axis of q_values)")
     idx = actions.long().unsqueeze(-1)
     q_taken = q_values.gather(-1, idx).squeeze(-1)
@@ -426,6 +436,8 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-
         >>> eligibility_traces(x, done, gamma=1.0, lmbda=0.5)
         tensor([1.0000, 1.5000, 1.0000, 1.5000])
     """
+    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
+        return _ops.call("eligibility_traces", locals())
     return _forward_family(x, done, gamma, lmbda, init, time_dim, True)
 
 
@@ -445,6 +457,8 @@ def episodic_cumsum(x, done, *, init=None, time_dim=-1):
         >>> episodic_cumsum(torch.ones(5), torch.tensor([0, 0, 1, 0, 0]))
         tensor([1., 2., 3., 1., 2.])
     """
+    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
+        return _ops.call("episodic_cumsum", locals())
     return _forward_family(x, done, 1.0, 1.0, init, time_dim, False)
 
 
@@ -468,6 +482,8 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1):
         >>> linear_recurrence(torch.ones(3), torch.full((3,), 0.5))
         tensor([1.7500, 1.5000, 1.0000])
     """
+    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
+        return _ops.call("linear_recurrence", locals())
     slots = (alpha, beta, None, None, None, None, init, None, None, None, None, None, None)
     key = _fastpath.key_of((MODE_LINREC, time_dim, reverse), slots)
     out = _fastpath.lookup(key, slots)
