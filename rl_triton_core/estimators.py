@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core import _fastpath, _ops
+from rl_triton_core import _autograd, _fastpath, _ops
 from rl_triton_core import _validate as check
 from rl_triton_core._dispatch import run
 from rl_triton_core._layout import Layout, normalize_time_dim
@@ -132,6 +132,13 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
         return _ops.call("gae", locals())
+    if _autograd.wants_grad(rewards, values, next_values, bootstrap_value):
+        def call(r, v, nv, b):
+            return gae(r, v, terminated, truncated, next_values=nv, bootstrap_value=b,
+                       gamma=gamma, lmbda=lmbda, time_dim=time_dim)
+
+        return _differentiable(call, True, rewards, values, terminated, truncated, next_values,
+                               bootstrap_value, gamma, lmbda, time_dim)
     return _returns_family(MODE_GAE, rewards, values, terminated, truncated, next_values,
                            bootstrap_value, gamma, lmbda, time_dim, True)
 
@@ -162,6 +169,14 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
         return _ops.call("lambda_returns", locals())
+    if _autograd.wants_grad(rewards, values, next_values, bootstrap_value):
+        def call(r, v, nv, b):
+            return lambda_returns(r, v, terminated, truncated, next_values=nv,
+                                  bootstrap_value=b, gamma=gamma, lmbda=lmbda,
+                                  time_dim=time_dim)
+
+        return _differentiable(call, False, rewards, values, terminated, truncated,
+                               next_values, bootstrap_value, gamma, lmbda, time_dim)
     return _returns_family(MODE_TDLAMBDA, rewards, values, terminated, truncated, next_values,
                            bootstrap_value, gamma, lmbda, time_dim, False)
 
@@ -189,8 +204,27 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
         return _ops.call("discounted_returns", locals())
+    if _autograd.wants_grad(rewards, next_values, bootstrap_value):
+        def call(r, v, nv, b):
+            return discounted_returns(r, terminated, truncated, next_values=nv,
+                                      bootstrap_value=b, gamma=gamma, time_dim=time_dim)
+
+        return _differentiable(call, False, rewards, None, terminated, truncated, next_values,
+                               bootstrap_value, gamma, 1.0, time_dim)
     return _returns_family(MODE_TDLAMBDA, rewards, None, terminated, truncated, next_values,
                            bootstrap_value, gamma, 1.0, time_dim, False)
+
+
+def _differentiable(call, is_gae, rewards, values, terminated, truncated, next_values,
+                    bootstrap_value, gamma, lmbda, time_dim):
+    """``call(rewards, values, next_values, bootstrap_value)`` (a backward estimator, which
+    validates its inputs) with gradients to those four tensors (see _autograd)."""
+    rewards = check.tensor("rewards", rewards)
+    terminated = check.tensor("terminated", terminated, flag=True)
+    truncated = check.optional("truncated", truncated, flag=True)
+    td = normalize_time_dim(time_dim, rewards.dim())
+    return _autograd.returns(call, is_gae, td, rewards, values, next_values, bootstrap_value,
+                             terminated, truncated, gamma, lmbda)
 
 
 def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values=None,

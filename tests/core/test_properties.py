@@ -35,8 +35,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 MAX_T = {"cpu": 300, "interp": 70, "cuda": 300}
-# The CPU path compiles (numba, about a second) per new combination of dtypes and memory
-# layouts, and nearly every example is a new one: 20 keeps the suite within minutes.
+# With a cold numba cache (a clean checkout, CI) the CPU path compiles for about a second
+# per new combination of dtypes and memory layouts, and nearly every example is a new one.
 EXAMPLES = {"cpu": 20, "interp": 6, "cuda": 30}
 
 SETTINGS = dict(deadline=None, derandomize=False, database=None,
