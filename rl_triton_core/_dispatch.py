@@ -33,11 +33,6 @@ def backend_for(device: torch.device) -> str:
     return choice
 
 
-def _split(value: float):
-    hi = float(np.float32(value))
-    return hi, float(np.float32(value - hi))
-
-
 def run(mode, layout: Layout, out_dtype, device, *, x, v=None, nv=None, term=None, trunc=None,
         boot=None, g=(1.0, None), l=(1.0, None), init=None, rho=None, rb=(1.0, None),
         cb=(1.0, None), pb=(1.0, None), reverse=True, two_out=False, fast=None):
@@ -86,7 +81,7 @@ def _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_i
             value, tensor = item
             view = (None, 0, 0, 0) if tensor is None else layout.view3(tensor)
             if name in ("g", "l"):
-                scalars = _split(1.0 if value is None else value)
+                scalars = _fastpath.split(1.0 if value is None else value)
             else:
                 scalars = (1.0 if value is None else value,)
             slots[name] = (*view, *scalars)

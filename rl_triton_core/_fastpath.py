@@ -15,6 +15,7 @@ import os
 import struct
 
 import torch
+from triton import knobs
 
 # the inputs of one call, in this order, as the user passed them
 SLOTS = ("x", "v", "nv", "term", "trunc", "boot", "init", "rho", "g", "l", "rb", "cb", "pb")
@@ -57,7 +58,9 @@ def lookup(key, slots):
     return plan(slots)
 
 
-def _split(value: float):
+def split(value: float):
+    """A float as two float32s (hi, lo) with hi + lo == value to ~48 bits: the kernel
+    takes float32 scalars and rebuilds float64 ones from the pair."""
     hi = struct.unpack("f", struct.pack("f", value))[0]
     return hi, struct.unpack("f", struct.pack("f", value - hi))[0]
 
@@ -86,7 +89,7 @@ class Plan:
             args[pos] = slots[idx]
         for pos, idx, split in self.number_pos:
             if split:
-                args[pos], args[pos + 1] = _split(float(slots[idx]))
+                args[pos], args[pos + 1] = split(float(slots[idx]))
             else:
                 args[pos] = float(slots[idx])
         if self.ws_spec is not None:
@@ -100,8 +103,6 @@ class Plan:
 
     def _launch(self, args, device):
         global _launcher_ok
-        from triton import knobs
-
         stream = torch.cuda.current_stream(device).cuda_stream
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         try:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, the quick kernel table, the benchmark. Logs go to $OUT.
+# One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
+# Logs and tables go to $OUT.
 # usage: bash scripts/gpu_session.sh [tests|quick|bench|all] [bench args...]
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -13,8 +14,10 @@ if [[ $what == tests || $what == all ]]; then
   grep -E "^FAILED|passed|failed|error" "$OUT/gpu_tests.log" | tail -25
 fi
 if [[ $what == quick || $what == all ]]; then
-  timeout ${QUICK_TIMEOUT:-200} python scripts/gpu_quick.py ${QUICK_ARGS:-} > "$OUT/gpu_quick.log" 2>&1
-  grep -v "^ " "$OUT/gpu_quick.log" | tail -60
+  timeout ${QUICK_TIMEOUT:-200} python -m rl_triton_core.bench --no-peers --out "$OUT/kernels" \
+    --estimators gae,lambda_returns,vtrace,retrace,episodic_cumsum ${QUICK_ARGS:-} \
+    > "$OUT/kernels.log" 2>&1
+  tail -5 "$OUT/kernels.log"
 fi
 if [[ $what == bench || $what == all ]]; then
   timeout ${BENCH_TIMEOUT:-330} python -m rl_triton_core.bench --out "$OUT" "$@" > "$OUT/bench.log" 2>&1
