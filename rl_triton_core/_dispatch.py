@@ -80,15 +80,11 @@ def _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_i
         if name in ("g", "l", "rb", "cb", "pb"):
             value, tensor = item
             view = (None, 0, 0, 0) if tensor is None else layout.view3(tensor)
-            if name in ("g", "l"):
-                scalars = _fastpath.split(1.0 if value is None else value)
-            else:
-                scalars = (1.0 if value is None else value,)
-            slots[name] = (*view, *scalars)
+            slots[name] = (*view, *_fastpath.split(1.0 if value is None else value))
             if tensor is not None:
                 used[name] = ("tensor", pos, view[0])
             else:
-                used[name] = ("number", pos + 4, name in ("g", "l"))
+                used[name] = ("number", pos + 4, None)
         elif item is None:
             slots[name] = (None,) + (0,) * (count - 1)
         else:
@@ -100,7 +96,7 @@ def _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_i
     args, ws_spec, launched = _triton_scan.launch(
         o[0], out1, o[1:], slots, mode, reverse, layout.N, layout.N2, layout.T, two_out,
         out0.dtype == torch.float64, slots["x"][3] == 1)
-    if fast is not None and out0.device.type == "cuda":
+    if fast is not None and (out0.device.type == "cuda" or _fastpath.CPU_PLANS):
         key, user_slots = fast
         _fastpath.record(key, user_slots, used, args, ws_spec, launched, out0, out1,
                          like_idx, out_dtype, layout.shape)

@@ -11,6 +11,7 @@ kernels' launcher. Nothing here reads tensor data: no host synchronisation.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 
@@ -22,8 +23,12 @@ SLOTS = ("x", "v", "nv", "term", "trunc", "boot", "init", "rho", "g", "l", "rb",
 _COEF_RANGE = {"g": (0.0, 1.0), "l": (0.0, 1.0), "rb": (0.0, float("inf")),
                "cb": (0.0, float("inf")), "pb": (0.0, float("inf"))}
 _PLANS: dict = {}
+_F32_MAX = 3.4e38  # float32 max, with room so the rounded hi stays finite
 _MAX_PLANS = 512
 ENABLED = os.environ.get("RL_TRITON_CORE_FASTPATH", "1") == "1"
+# Tests set this to record and replay plans for CPU tensors under the interpreter
+# (with Plan._launch replaced), so the argument rebuilding is checked without a GPU.
+CPU_PLANS = False
 _launcher_ok = True
 
 
@@ -37,7 +42,7 @@ def key_of(prefix, slots):
             key.append(None)
         elif type(s) is float or type(s) is int:
             key.append(0)
-        elif type(s) is torch.Tensor and s.is_cuda:
+        elif type(s) is torch.Tensor and (s.is_cuda or CPU_PLANS):
             key.append((s.shape, s.stride(), s.dtype, s.device, s.data_ptr() % 16,
                         s.requires_grad))
         else:
@@ -60,7 +65,10 @@ def lookup(key, slots):
 
 def split(value: float):
     """A float as two float32s (hi, lo) with hi + lo == value to ~48 bits: the kernel
-    takes float32 scalars and rebuilds float64 ones from the pair."""
+    takes float32 scalars and rebuilds float64 ones from the pair (every scalar
+    coefficient: gamma, lambda and the clip thresholds)."""
+    if not abs(value) < _F32_MAX:  # inf (an unclipped threshold), beyond float32, NaN
+        return (value if value != value else math.copysign(math.inf, value)), 0.0
     hi = struct.unpack("f", struct.pack("f", value))[0]
     return hi, struct.unpack("f", struct.pack("f", value - hi))[0]
 
@@ -87,21 +95,21 @@ class Plan:
             args[pos] = out0
         for pos, idx in self.tensor_pos:
             args[pos] = slots[idx]
-        for pos, idx, split in self.number_pos:
-            if split:
-                args[pos], args[pos + 1] = split(float(slots[idx]))
-            else:
-                args[pos] = float(slots[idx])
+        for pos, idx in self.number_pos:
+            args[pos], args[pos + 1] = split(float(slots[idx]))
         if self.ws_spec is not None:
             args[self.ws_pos] = torch.empty(self.ws_spec[0], dtype=self.ws_spec[1], device=device)
-        if device.index != torch.cuda.current_device():
-            with torch.cuda.device(device):
-                self._launch(args, device)
-        else:
-            self._launch(args, device)
+        self._launch(args, device)
         return (out0, out1) if self.two_out else out0
 
     def _launch(self, args, device):
+        if device.index != torch.cuda.current_device():
+            with torch.cuda.device(device):
+                self._run(args, device)
+        else:
+            self._run(args, device)
+
+    def _run(self, args, device):
         global _launcher_ok
         stream = torch.cuda.current_stream(device).cuda_stream
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
@@ -122,7 +130,7 @@ def record(key, slots, used, args, ws_spec, launched, out0, out1, like_idx, dtyp
 
     ``used``: per slot name, the (tensor the kernel received, position of its
     pointer in ``args``) -- a pointer that is not the user's tensor (a copy)
-    makes the call uncacheable. Scalars: (position, split?).
+    makes the call uncacheable. Scalars: their position (the float32 pair's first).
     """
     if key is None or launched is None:
         return
@@ -143,7 +151,7 @@ def record(key, slots, used, args, ws_spec, launched, out0, out1, like_idx, dtyp
                 continue
             if isinstance(user, torch.Tensor):
                 return
-            plan.number_pos.append((pos, idx, given))
+            plan.number_pos.append((pos, idx))
             plan.checks.append((idx, *_COEF_RANGE[name]))
     template = list(args)
     for pos, a in enumerate(template):

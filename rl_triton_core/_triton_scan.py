@@ -84,8 +84,8 @@ def _coefficients(
     X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
     TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
     G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
-    RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb, CB, scb1, scb2, scbt, cb,
-    PB, spb1, spb2, spbt, pb,
+    RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb_hi, rb_lo, CB, scb1, scb2, scbt, cb_hi, cb_lo,
+    PB, spb1, spb2, spbt, pb_hi, pb_lo,
     o1, o2, t, m, T,
     MODE: tl.constexpr, HAS_V: tl.constexpr, HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr,
     HAS_BOOT: tl.constexpr, G_TENSOR: tl.constexpr, L_TENSOR: tl.constexpr,
@@ -101,9 +101,15 @@ def _coefficients(
         one = tl.full([], 1.0, tl.float64)
         gamma = g_hi * one + g_lo * one
         lmbda = l_hi * one + l_lo * one
+        rb = rb_hi * one + rb_lo * one
+        cb = cb_hi * one + cb_lo * one
+        pb = pb_hi * one + pb_lo * one
     else:
         gamma = g_hi
         lmbda = l_hi
+        rb = rb_hi
+        cb = cb_hi
+        pb = pb_hi
     x = _ld(X, o1, o2, t, sx1, sx2, sxt, m, FP64)
     zero = x * 0.0
     no = t < 0
@@ -198,8 +204,8 @@ def scan_kernel(
     X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
     TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
     G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
-    RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb, CB, scb1, scb2, scbt, cb,
-    PB, spb1, spb2, spbt, pb,
+    RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb_hi, rb_lo, CB, scb1, scb2, scbt, cb_hi, cb_lo,
+    PB, spb1, spb2, spbt, pb_hi, pb_lo,
     INIT, si1, si2, WS,
     N, N2, T, SEG_LEN, S,
     MODE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr,
@@ -263,8 +269,8 @@ def scan_kernel(
             X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
             TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
             G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
-            RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb, CB, scb1, scb2, scbt, cb,
-            PB, spb1, spb2, spbt, pb,
+            RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb_hi, rb_lo, CB, scb1, scb2, scbt, cb_hi, cb_lo,
+            PB, spb1, spb2, spbt, pb_hi, pb_lo,
             o1, o2, t, m, T,
             MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR,
             RB_TENSOR, CB_TENSOR, PB_TENSOR, FP64,
@@ -363,9 +369,9 @@ def _plan(N: int, T: int, time_contiguous: bool, device):
 
 # The kernel's input slots in argument order, with their argument counts: a
 # pointer and its strides (three, or two without a time axis), then for gamma and
-# lambda the float32 (hi, lo) pair of a scalar, for the clip thresholds its value.
+# the coefficients (gamma, lambda, the clip thresholds) the float32 (hi, lo) pair of a scalar.
 ARG_ORDER = (("x", 4), ("v", 4), ("nv", 4), ("term", 4), ("trunc", 4), ("boot", 3), ("g", 6),
-             ("l", 6), ("rho", 4), ("rb", 5), ("cb", 5), ("pb", 5), ("init", 3))
+             ("l", 6), ("rho", 4), ("rb", 6), ("cb", 6), ("pb", 6), ("init", 3))
 ARG_START = 5  # after OUT0, OUT1 and the outputs' three strides
 
 

@@ -89,6 +89,61 @@ def _misaligned(a):
     return out
 
 
+_NEW_SCALARS = {"gamma": 0.93, "lmbda": 0.71, "rho_bar": 0.8, "c_bar": 1.7}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cached_plan_rebuilds_the_full_paths_arguments(name, gen, monkeypatch):
+    """The cached launch hands the kernel the same arguments as the full path, also
+    after the scalar coefficients change (float32 hi/lo pairs). Checked on the CPU
+    with the launch captured; the GPU tests run it for real."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only (test_cuda_cached_launch runs it on the GPU)")
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    monkeypatch.setattr(_fastpath, "CPU_PLANS", True)
+    monkeypatch.setattr(_fastpath, "_PLANS", {})
+    full_args, plan_args = [], []
+    real_launch = _triton_scan.launch
+
+    def spy(*a, **k):
+        res = real_launch(*a, **k)
+        full_args.append(list(res[0]))
+        return res
+
+    monkeypatch.setattr(_triton_scan, "launch", spy)
+    monkeypatch.setattr(_fastpath.Plan, "_launch", lambda self, args, device: plan_args.append(
+        list(args)))
+    fn, _, args, kw = CASES[name](*_inputs(gen, (3, 40), "cpu"))
+    fn(*args, **kw)  # the full path records the plan
+    assert len(full_args) == 1 and len(_fastpath._PLANS) == 1
+    fn2, _, args2, kw2 = CASES[name](*_inputs(gen, (3, 40), "cpu"))
+    kw2 = {k: _NEW_SCALARS.get(k, w) for k, w in kw.items()}
+    kw2["gamma"] = _NEW_SCALARS["gamma"]
+    if "gamma" not in kw and name in ("episodic_cumsum", "linear_recurrence",
+                                      "linear_recurrence_fwd"):
+        del kw2["gamma"]
+    fn2(*args2, **kw2)  # replayed from the plan (launch captured)
+    assert len(plan_args) == 1 and len(full_args) == 1
+    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    fn2(*args2, **kw2)  # the same call through the full path
+    assert len(full_args) == 2
+    want, got = full_args[1], plan_args[0]
+    assert len(want) == len(got)
+    user = {a.data_ptr() for a in args2} | {w.data_ptr() for w in kw2.values()
+                                           if isinstance(w, torch.Tensor)}
+    for pos, (w, g) in enumerate(zip(want, got)):
+        if isinstance(w, torch.Tensor):
+            assert isinstance(g, torch.Tensor), pos
+            if w.data_ptr() in user:
+                assert g.data_ptr() == w.data_ptr(), pos
+            else:  # an output, the workspace or a stand-in: a fresh buffer of the same kind
+                assert g.data_ptr() not in user and g.dtype == w.dtype, pos
+        else:
+            assert type(g) is type(w) and g == w, (pos, g, w)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(5, 77), (3, 70_000)])
 @pytest.mark.parametrize("name", list(CASES))
