@@ -82,7 +82,7 @@ def _column(h, cols, idx):
 @triton.jit
 def _coefficients(
     X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
-    TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
+    TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, boot,
     G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
     RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb_hi, rb_lo, CB, scb1, scb2, scbt, cb_hi, cb_lo,
     PB, spb1, spb2, spbt, pb_hi, pb_lo,
@@ -91,7 +91,8 @@ def _coefficients(
     HAS_BOOT: tl.constexpr, G_TENSOR: tl.constexpr, L_TENSOR: tl.constexpr,
     RB_TENSOR: tl.constexpr, CB_TENSOR: tl.constexpr, PB_TENSOR: tl.constexpr, FP64: tl.constexpr,
 ):
-    """One [BLOCK_N, BLOCK_T] tile: (alpha, beta, v, p0, p1, vnext, cont).
+    """One [BLOCK_N, BLOCK_T] tile: (alpha, beta, v, p0, p1, vnext, cont); boot is
+    [BLOCK_N, 1], V'_{T-1} of the shifted form.
 
     v is the values tile (the second output adds it); p0, p1, vnext and cont
     give V-trace's policy-gradient advantage from D_{t+1}:
@@ -151,11 +152,6 @@ def _coefficients(
         else:
             nv = vnext
             if HAS_BOOT:
-                boot = tl.load(BOOT + o1 * sc1 + o2 * sc2, mask=m & last, other=0)
-                if FP64:
-                    boot = boot.to(tl.float64)
-                else:
-                    boot = boot.to(tl.float32)
                 nv = tl.where(last, boot, nv)
         gnt = gamma * (1.0 - term)
         if MODE == 1:
@@ -257,6 +253,10 @@ def scan_kernel(
         carry = _column(agg_a, s_idx, edge_s) + _column(agg_b, s_idx, edge_s) * carry
 
     carry_seg = carry
+    # V'_{T-1} of the shifted form: one value per stream, read once
+    boot = zero[:, None]
+    if HAS_BOOT:
+        boot = tl.load(BOOT + n1 * sc1 + n2 * sc2, mask=nmask, other=0).to(zero.dtype)[:, None]
     n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
     for kk in range(0, n_chunks):
         if REVERSE:
@@ -267,7 +267,7 @@ def scan_kernel(
         m = nm2 & (t < t_hi)
         alpha, beta, v, p0, p1, vnext, cont = _coefficients(
             X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
-            TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, BOOT, sc1, sc2,
+            TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, boot,
             G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
             RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb_hi, rb_lo, CB, scb1, scb2, scbt, cb_hi, cb_lo,
             PB, spb1, spb2, spbt, pb_hi, pb_lo,
@@ -317,6 +317,8 @@ def scan_kernel(
 _SM_COUNT: dict = {}
 # Tests set this to force the segmented (parallel-over-time) path on small shapes.
 FORCE_SEGMENT_LEN: int | None = None
+# Tile sweeps (scripts/tile_sweep.py) set this to (BLOCK_N, BLOCK_T, num_warps).
+TILE_OVERRIDE: tuple | None = None
 
 
 def _sm_count(device) -> int:
@@ -349,6 +351,8 @@ def _plan(N: int, T: int, time_contiguous: bool, device):
     else:
         block_n = max(2, min(np2, 32))
         block_t = max(16, min(tp, tile // block_n))
+    if TILE_OVERRIDE is not None:
+        block_n, block_t = TILE_OVERRIDE[0], TILE_OVERRIDE[1]
     if FORCE_SEGMENT_LEN is not None:  # tests: FORCE_SEGMENT_LEN is a power of two >= 16
         block_t = max(16, min(block_t, FORCE_SEGMENT_LEN))
     n_blocks = triton.cdiv(N, block_n)
@@ -403,6 +407,8 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
     )
     grid = (triton.cdiv(N, block_n), S)
     num_warps = 8 if block_n * block_t >= 4096 else 4
+    if TILE_OVERRIDE is not None:
+        num_warps = TILE_OVERRIDE[2]
     ws_spec = None
     if S == 1:
         phases = (0,)

@@ -1,0 +1,146 @@
+"""Device time of the scan kernel per tile shape (BLOCK_N x BLOCK_T x num_warps), on
+the GPU, against the floor kernel: the data behind ``_triton_scan._plan``.
+
+    python scripts/tile_sweep.py [--deadline-s 240] [--out sweep.md]
+
+Each configuration's output is compared with the default plan's (and the default
+plan's with the float64 reference) before it is timed (CUDA-graph replay).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import rl_triton_core as rc
+import rl_triton_core.reference as ref
+from rl_triton_core import _fastpath, _triton_scan
+from rl_triton_core.bench.peers import make_floor
+
+BM_TILES = [(8, 128, 8), (16, 128, 8), (32, 128, 8), (4, 256, 8), (8, 256, 8), (8, 512, 8),
+            (4, 128, 4), (16, 128, 16), (2, 512, 4)]
+TM_TILES = [(32, 128, 8), (32, 32, 8), (64, 16, 8), (128, 8, 8), (128, 32, 8), (256, 16, 8),
+            (64, 64, 8), (128, 16, 4), (512, 8, 16)]
+
+
+def graph_us(fn, calls=20, replays=10):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(replays)]
+    for s, e in ev:
+        s.record()
+        g.replay()
+        e.record()
+    torch.cuda.synchronize()
+    per = sorted(s.elapsed_time(e) * 1e3 / calls for s, e in ev)
+    return per[len(per) // 2]
+
+
+def inputs(N, T, layout, gen):
+    shp = (N, T) if layout == "bm" else (T, N)
+    td = -1 if layout == "bm" else 0
+    d = dict(
+        r=torch.randn(shp, generator=gen), v=torch.randn(shp, generator=gen),
+        lr=torch.randn(shp, generator=gen) * 0.3,
+        te=torch.rand(shp, generator=gen) < 0.02, tr=torch.rand(shp, generator=gen) < 0.01,
+        b=torch.randn(N, generator=gen))
+    return {k: x.cuda() for k, x in d.items()}, td
+
+
+def calls(d, td):
+    return {
+        "gae": (lambda: rc.gae(d["r"], d["v"], d["te"], d["tr"], bootstrap_value=d["b"],
+                               time_dim=td),
+                lambda c: ref.gae(c["r"], c["v"], c["te"], c["tr"], bootstrap_value=c["b"],
+                                  time_dim=td),
+                ([d["r"], d["v"], d["te"], d["tr"]], [d["b"]], 2)),
+        "vtrace": (lambda: rc.vtrace(d["lr"], d["r"], d["v"], d["te"], d["tr"],
+                                     bootstrap_value=d["b"], time_dim=td),
+                   lambda c: ref.vtrace(c["lr"], c["r"], c["v"], c["te"], c["tr"],
+                                        bootstrap_value=c["b"], time_dim=td),
+                   ([d["lr"], d["r"], d["v"], d["te"], d["tr"]], [d["b"]], 2)),
+        "episodic_cumsum": (lambda: rc.episodic_cumsum(d["r"], d["te"], time_dim=td),
+                            lambda c: ref.episodic_cumsum(c["r"], c["te"], time_dim=td),
+                            ([d["r"], d["te"]], [], 1)),
+    }
+
+
+def _tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--deadline-s", type=float, default=240)
+    p.add_argument("--shapes", default="4096x128,16384x512,1x1048576,256x1024")
+    p.add_argument("--estimators", default="gae,vtrace,episodic_cumsum")
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    t_end = time.time() + a.deadline_s
+    gen = torch.Generator().manual_seed(0)
+    _fastpath.ENABLED = False  # each override must reach the planner
+    lines = ["| estimator | shape | layout | floor us | default us | best tile | best us "
+             "| all (tile: us) |", "|---|---|---|---|---|---|---|---|"]
+    for shape in a.shapes.split(","):
+        N, T = (int(x) for x in shape.split("x"))
+        for layout in ("bm", "tm"):
+            d, td = inputs(N, T, layout, gen)
+            cpu = {k: x.cpu() for k, x in d.items()}
+            for est, (fn, rfn, (narrow, per_stream, n_out)) in calls(d, td).items():
+                if est not in a.estimators.split(","):
+                    continue
+                if time.time() > t_end:
+                    print("deadline reached", flush=True)
+                    break
+                _triton_scan.TILE_OVERRIDE = None
+                base = _tuple(fn())
+                want = _tuple(rfn(cpu))
+                err = max((b.double().cpu() - w).abs().max().item() for b, w in zip(base, want))
+                if N * T <= 1 << 21 and err > 1e-3:
+                    print(f"{est} {shape} {layout}: default plan off by {err}", flush=True)
+                floor = graph_us(make_floor([x.contiguous() for x in narrow],
+                                            [], per_stream, n_out, base[0].shape, torch.float32))
+                default = graph_us(fn)
+                res = []
+                tiles = BM_TILES if layout == "bm" else TM_TILES
+                for tile in tiles:
+                    if time.time() > t_end:
+                        break
+                    _triton_scan.TILE_OVERRIDE = tile
+                    try:
+                        got = _tuple(fn())
+                        diff = max((g - b).abs().max().item() for g, b in zip(got, base))
+                        if diff > 1e-3 * (1 + base[0].abs().max().item()):
+                            res.append((tile, float("nan"), f"WRONG {diff:.2g}"))
+                            continue
+                        res.append((tile, graph_us(fn), ""))
+                    except Exception as e:  # noqa: BLE001
+                        res.append((tile, float("nan"), f"{type(e).__name__}"))
+                _triton_scan.TILE_OVERRIDE = None
+                ok = [r for r in res if r[1] == r[1]]
+                best = min(ok, key=lambda r: r[1]) if ok else (None, float("nan"), "")
+                allt = " ".join(f"{r[0][0]}x{r[0][1]}w{r[0][2]}:{r[1]:.1f}{r[2]}" for r in res)
+                line = (f"| {est} | {shape} | {layout} | {floor:.1f} | {default:.1f} | "
+                        f"{best[0]} | {best[1]:.1f} | {allt} |")
+                print(line, flush=True)
+                lines.append(line)
+    if a.out:
+        open(a.out, "w").write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
