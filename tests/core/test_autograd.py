@@ -48,9 +48,11 @@ def test_gradcheck_and_reference_gradients(case, layout, impl, seed):
         leaves[k].requires_grad_(True)
 
     def f(lib, *xs):
-        named = dict(leaves)
+        named = {k: x.to(xs[0].device) for k, x in leaves.items()}
         named.update(zip(wrt, xs))
-        return fn(lib, named["r"], named["v"], named["n"], named["b"], te, tr, td)
+        dev = xs[0].device  # the reference runs on CPU copies of everything
+        return fn(lib, named["r"], named["v"], named["n"], named["b"], te.to(dev), tr.to(dev),
+                  td)
 
     xs = [leaves[k] for k in wrt]
     if not impl.is_interp:  # the interpreter is slow: reference comparison only
