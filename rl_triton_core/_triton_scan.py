@@ -333,42 +333,51 @@ def _sm_count(device) -> int:
     return sms
 
 
-def _plan(N: int, T: int, time_contiguous: bool, device):
-    """Tile shape and time segmentation: (BLOCK_N, BLOCK_T, SEG_LEN, S).
+def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
+          elem_bytes: int = 4):
+    """Tile shape, warps and time segmentation: (BLOCK_N, BLOCK_T, SEG_LEN, S, num_warps).
 
-    A tile holds about TILE elements, long along the contiguous axis (time for
-    batch-major data, streams for time-major data, at least 32 streams = 128-byte
-    rows), as long in time as T allows so that most programs scan one chunk.
+    Batch-major data (time contiguous): one warp per stream row and a chunk of
+    32 x VEC steps (VEC = 16 bytes of the data type: one vector load per thread
+    and tensor), so the scan runs in registers and warp shuffles, without shared
+    memory. Measured on the H200 (docs/notes.md, tile sweep): 8 rows x 8 warps
+    for GAE / TD(lambda), 4 x 4 for the others. Time-major data (streams
+    contiguous): 32 streams per tile and up to 128 steps, the best of the sweep.
     When the tiles cannot fill the GPU (few streams), time is split into
     segments of whole chunks: two passes over the inputs, one over the outputs.
     """
-    tile = 4096
     tp = triton.next_power_of_2(max(T, 1))
     np2 = triton.next_power_of_2(max(N, 1))
+    vec = max(1, 16 // elem_bytes)
     if time_contiguous:
-        block_t = max(16, min(tp, 1024))
-        block_n = max(2, min(np2, tile // block_t))
+        num_warps = 8 if mode in (MODE_GAE, MODE_TDLAMBDA) else 4
+        block_t = max(16, min(tp, 32 * vec))
+        block_n = max(2, min(np2, 32 * vec * num_warps // block_t))
+        if block_n > np2:  # a stream or two: several warps per row, VEC steps per thread
+            block_t = max(16, min(tp, 32 * vec * num_warps // block_n))
     else:
         block_n = max(2, min(np2, 32))
-        block_t = max(16, min(tp, tile // block_n))
+        block_t = max(16, min(tp, 4096 // block_n))
+        num_warps = 8 if block_n * block_t >= 4096 else 4
     if TILE_OVERRIDE is not None:
-        block_n, block_t = TILE_OVERRIDE[0], TILE_OVERRIDE[1]
+        block_n, block_t, num_warps = TILE_OVERRIDE
     if FORCE_SEGMENT_LEN is not None:  # tests: FORCE_SEGMENT_LEN is a power of two >= 16
         block_t = max(16, min(block_t, FORCE_SEGMENT_LEN))
     n_blocks = triton.cdiv(N, block_n)
     if FORCE_SEGMENT_LEN is not None:
         seg = max(block_t, FORCE_SEGMENT_LEN // block_t * block_t)
     else:
-        target = 2 * _sm_count(device)
+        # enough programs to keep every SM busy: a few long streams get ~8 per SM
+        target = 8 * _sm_count(device)
         seg = T
         chunks = triton.cdiv(T, block_t)
-        if n_blocks < target and chunks > 1:
-            S = min(chunks, triton.cdiv(target, n_blocks), 1024)
+        if n_blocks < target // 4 and chunks > 1:
+            S = min(chunks, triton.cdiv(target, n_blocks), 512)
             seg = triton.cdiv(chunks, S) * block_t
     S = max(1, triton.cdiv(T, seg))
     if S == 1:
         seg = max(T, 1)
-    return block_n, block_t, seg, S
+    return block_n, block_t, seg, S, num_warps
 
 
 # The kernel's input slots in argument order, with their argument counts: a
@@ -389,7 +398,8 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
     import torch
 
     device = out0.device
-    block_n, block_t, seg, S = _plan(N, T, time_contiguous, device)
+    block_n, block_t, seg, S, num_warps = _plan(N, T, time_contiguous, device, mode,
+                                                out0.element_size())
     dummy = out0
     args = [out0, out1 if out1 is not None else out0, *so]
     for name, _ in ARG_ORDER:
@@ -406,9 +416,6 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
         BLOCK_S=max(2, triton.next_power_of_2(S)),
     )
     grid = (triton.cdiv(N, block_n), S)
-    num_warps = 8 if block_n * block_t >= 4096 else 4
-    if TILE_OVERRIDE is not None:
-        num_warps = TILE_OVERRIDE[2]
     ws_spec = None
     if S == 1:
         phases = (0,)
