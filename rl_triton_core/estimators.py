@@ -131,7 +131,10 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
         tensor([1.7500, 1.5000, 1.0000])
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("gae", locals())
+        return _ops.call("gae", dict(
+            rewards=rewards, values=values, terminated=terminated, truncated=truncated,
+            next_values=next_values, bootstrap_value=bootstrap_value, gamma=gamma, lmbda=lmbda,
+            time_dim=time_dim))
     if _autograd.wants_grad(rewards, values, next_values, bootstrap_value):
         def call(r, v, nv, b):
             return gae(r, v, terminated, truncated, next_values=nv, bootstrap_value=b,
@@ -168,7 +171,10 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
         tensor([2., 2., 2.])
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("lambda_returns", locals())
+        return _ops.call("lambda_returns", dict(
+            rewards=rewards, values=values, terminated=terminated, truncated=truncated,
+            next_values=next_values, bootstrap_value=bootstrap_value, gamma=gamma, lmbda=lmbda,
+            time_dim=time_dim))
     if _autograd.wants_grad(rewards, values, next_values, bootstrap_value):
         def call(r, v, nv, b):
             return lambda_returns(r, v, terminated, truncated, next_values=nv,
@@ -203,7 +209,9 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
         tensor([1.5000, 1.0000, 1.5000, 1.0000])
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("discounted_returns", locals())
+        return _ops.call("discounted_returns", dict(
+            rewards=rewards, terminated=terminated, truncated=truncated, next_values=next_values,
+            bootstrap_value=bootstrap_value, gamma=gamma, time_dim=time_dim))
     if _autograd.wants_grad(rewards, next_values, bootstrap_value):
         def call(r, v, nv, b):
             return discounted_returns(r, terminated, truncated, next_values=nv,
@@ -267,7 +275,11 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
         tensor([1.7500, 1.5000, 1.0000])
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("vtrace", locals())
+        return _ops.call("vtrace", dict(
+            log_rhos=log_rhos, rewards=rewards, values=values, terminated=terminated,
+            truncated=truncated, next_values=next_values, bootstrap_value=bootstrap_value,
+            gamma=gamma, lmbda=lmbda, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar,
+            time_dim=time_dim))
     return _returns_family(MODE_VTRACE, rewards, values, terminated, truncated, next_values,
                            bootstrap_value, gamma, lmbda, time_dim, True, log_rhos=log_rhos,
                            thresholds={"rho_bar": rho_bar, "c_bar": c_bar,
@@ -305,7 +317,10 @@ def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=
         tensor([1.7500, 1.5000, 1.0000])
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("retrace", locals())
+        return _ops.call("retrace", dict(
+            log_rhos=log_rhos, rewards=rewards, q_values=q_values, expected_next_q=expected_next_q,
+            terminated=terminated, truncated=truncated, gamma=gamma, lmbda=lmbda, c_bar=c_bar,
+            time_dim=time_dim))
     return _returns_family(MODE_RETRACE, rewards, q_values, terminated, truncated,
                            expected_next_q, None, gamma, lmbda, time_dim, False,
                            log_rhos=log_rhos, thresholds={"c_bar": c_bar},
@@ -471,7 +486,8 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-
         tensor([1.0000, 1.5000, 1.0000, 1.5000])
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("eligibility_traces", locals())
+        return _ops.call("eligibility_traces", dict(
+            x=x, done=done, gamma=gamma, lmbda=lmbda, init=init, time_dim=time_dim))
     return _forward_family(x, done, gamma, lmbda, init, time_dim, True)
 
 
@@ -492,7 +508,7 @@ def episodic_cumsum(x, done, *, init=None, time_dim=-1):
         tensor([1., 2., 3., 1., 2.])
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("episodic_cumsum", locals())
+        return _ops.call("episodic_cumsum", dict(x=x, done=done, init=init, time_dim=time_dim))
     return _forward_family(x, done, 1.0, 1.0, init, time_dim, False)
 
 
@@ -517,7 +533,8 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1):
         tensor([1.7500, 1.5000, 1.0000])
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("linear_recurrence", locals())
+        return _ops.call("linear_recurrence", dict(
+            alpha=alpha, beta=beta, reverse=reverse, init=init, time_dim=time_dim))
     slots = (alpha, beta, None, None, None, None, init, None, None, None, None, None, None)
     key = _fastpath.key_of((MODE_LINREC, time_dim, reverse), slots)
     out = _fastpath.lookup(key, slots)
