@@ -1,4 +1,4 @@
-"""Sessions: tests, lint, demo, bench, docs.  Run `python3 -m nox -s <name>`.
+"""Sessions: tests, lint, demo, bench, docs, compat.  Run `python3 -m nox -s <name>`.
 
 torch is pinned and installed first, explicitly: a bare `torch` requirement
 would pull a multi-GB CUDA build on a CPU-only machine.
@@ -33,6 +33,24 @@ def tests(session):
         session.env["NO_MKDOCS_2_WARNING"] = "1"
         session.run("mkdocs", "build", "--strict", "--site-dir", str(session.create_tmp()) +
                     "/site")
+
+
+@nox.session
+def compat(session):
+    """The oldest supported pair (torch 2.11, triton 3.6): the core tests on the CPU path
+    and in that Triton's interpreter, the compile tests under that torch's dynamo.
+    Not in CI (a second torch install); run it when the launch or compile path changes."""
+    # numpy < 2.3: triton 3.6's interpreter turns 1-element arrays into loop bounds with
+    # int(), which newer numpy refuses
+    session.install(os.environ.get("RL_TRITON_CORE_TORCH_OLD", "torch==2.11.0"),
+                    "triton==3.6.0", "numpy<2.3")
+    session.install("-e", ".[dev,bench]")
+    session.env["TRITON_INTERPRET"] = "1"
+    session.run("python", "-c", "import torch, triton; print('torch', torch.__version__, "
+                "'triton', triton.__version__)")
+    args = session.posargs or ["tests/core", "-m", "not gpu and not multigpu and not slow",
+                               "-n", "2", "-p", "no:cacheprovider"]
+    session.run("python", "-m", "pytest", *args)
 
 
 @nox.session

@@ -280,6 +280,15 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
             truncated=truncated, next_values=next_values, bootstrap_value=bootstrap_value,
             gamma=gamma, lmbda=lmbda, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar,
             time_dim=time_dim))
+    if _autograd.wants_grad(rewards, values, next_values, bootstrap_value):
+        def call(r, v, nv, b):
+            return vtrace(log_rhos, r, v, terminated, truncated, next_values=nv,
+                          bootstrap_value=b, gamma=gamma, lmbda=lmbda, rho_bar=rho_bar,
+                          c_bar=c_bar, pg_rho_bar=pg_rho_bar, time_dim=time_dim)
+
+        return _autograd.vtrace(call, time_dim, rewards, values, next_values, bootstrap_value,
+                                log_rhos, terminated, truncated, gamma, lmbda, rho_bar, c_bar,
+                                pg_rho_bar)
     return _returns_family(MODE_VTRACE, rewards, values, terminated, truncated, next_values,
                            bootstrap_value, gamma, lmbda, time_dim, True, log_rhos=log_rhos,
                            thresholds={"rho_bar": rho_bar, "c_bar": c_bar,
@@ -488,6 +497,12 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
         return _ops.call("eligibility_traces", dict(
             x=x, done=done, gamma=gamma, lmbda=lmbda, init=init, time_dim=time_dim))
+    if _autograd.wants_grad(x, init):
+        def call(x_, i):
+            return eligibility_traces(x_, done, gamma=gamma, lmbda=lmbda, init=i,
+                                      time_dim=time_dim)
+
+        return _autograd.forward_scan(call, time_dim, x, init, done, gamma, lmbda)
     return _forward_family(x, done, gamma, lmbda, init, time_dim, True)
 
 
@@ -509,6 +524,11 @@ def episodic_cumsum(x, done, *, init=None, time_dim=-1):
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
         return _ops.call("episodic_cumsum", dict(x=x, done=done, init=init, time_dim=time_dim))
+    if _autograd.wants_grad(x, init):
+        def call(x_, i):
+            return episodic_cumsum(x_, done, init=i, time_dim=time_dim)
+
+        return _autograd.forward_scan(call, time_dim, x, init, done, 1.0, 1.0)
     return _forward_family(x, done, 1.0, 1.0, init, time_dim, False)
 
 
@@ -535,6 +555,11 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1):
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
         return _ops.call("linear_recurrence", dict(
             alpha=alpha, beta=beta, reverse=reverse, init=init, time_dim=time_dim))
+    if _autograd.wants_grad(alpha, beta, init):
+        def call(a, b, i):
+            return linear_recurrence(a, b, reverse=reverse, init=i, time_dim=time_dim)
+
+        return _autograd.linear_recurrence(call, time_dim, reverse, alpha, beta, init)
     slots = (alpha, beta, None, None, None, None, init, None, None, None, None, None, None)
     key = _fastpath.key_of((MODE_LINREC, time_dim, reverse), slots)
     out = _fastpath.lookup(key, slots)

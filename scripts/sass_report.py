@@ -24,8 +24,8 @@ from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
 
-from rl_triton_core import _triton_scan
 import rl_triton_core as rtc
+from rl_triton_core import _triton_scan
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")

@@ -1,6 +1,11 @@
-"""Gradients of gae, lambda_returns and discounted_returns w.r.t. rewards, values,
-next_values and bootstrap_value: torch.autograd.gradcheck in float64, and the same
-gradients as autograd through the float64 reference (a differentiable torch loop)."""
+"""Gradients of every estimator with a backward pass: gae, lambda_returns and
+discounted_returns (w.r.t. rewards, values, next_values, bootstrap_value), vtrace (the
+same; log_rhos, flags, gamma and the thresholds are constants), linear_recurrence
+(alpha, beta, init, both directions), eligibility_traces and episodic_cumsum (x, init).
+
+Checked by torch.autograd.gradcheck in float64 (full on the CPU path, fast mode under
+the interpreter and on CUDA) and against autograd through the float64 reference (a
+differentiable torch loop) run on CPU copies of everything, flags included."""
 
 import pytest
 import torch
@@ -8,55 +13,97 @@ import torch
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
 
+
+def _full(m, t, like):
+    """The reference wants beta at alpha's full shape; the library gets it broadcast."""
+    return t.expand(like.shape) if m is ref else t
+
+
+def _ftd(td):
+    """time_dim of x with one trailing feature axis."""
+    return td if td >= 0 else td - 1
+
+
+# name -> (fn(module, inputs, time_dim), the inputs differentiated)
 CASES = {
-    "gae_shifted": (lambda m, r, v, nv, b, te, tr, td: m.gae(
-        r, v, te, tr, bootstrap_value=b, gamma=0.9, lmbda=0.8, time_dim=td), "rvb"),
-    "gae_next_values": (lambda m, r, v, nv, b, te, tr, td: m.gae(
-        r, v, te, tr, next_values=nv, gamma=0.95, lmbda=0.7, time_dim=td), "rvn"),
-    "lambda_shifted": (lambda m, r, v, nv, b, te, tr, td: m.lambda_returns(
-        r, v, te, tr, bootstrap_value=b, gamma=0.9, lmbda=0.6, time_dim=td), "rvb"),
-    "lambda_next_values": (lambda m, r, v, nv, b, te, tr, td: m.lambda_returns(
-        r, v, te, tr, next_values=nv, gamma=0.9, lmbda=0.6, time_dim=td), "rn"),
-    "discounted": (lambda m, r, v, nv, b, te, tr, td: m.discounted_returns(
-        r, te, tr, bootstrap_value=b, gamma=0.9, time_dim=td), "rb"),
+    "gae_shifted": (lambda m, d, td: m.gae(
+        d["r"], d["v"], d["te"], d["tr"], bootstrap_value=d["b"], gamma=0.9, lmbda=0.8,
+        time_dim=td), "r v b"),
+    "gae_next_values": (lambda m, d, td: m.gae(
+        d["r"], d["v"], d["te"], d["tr"], next_values=d["n"], gamma=0.95, lmbda=0.7,
+        time_dim=td), "r v n"),
+    "lambda_shifted": (lambda m, d, td: m.lambda_returns(
+        d["r"], d["v"], d["te"], d["tr"], bootstrap_value=d["b"], gamma=0.9, lmbda=0.6,
+        time_dim=td), "r v b"),
+    "lambda_next_values": (lambda m, d, td: m.lambda_returns(
+        d["r"], d["v"], d["te"], d["tr"], next_values=d["n"], gamma=0.9, lmbda=0.6,
+        time_dim=td), "r n"),
+    "discounted": (lambda m, d, td: m.discounted_returns(
+        d["r"], d["te"], d["tr"], bootstrap_value=d["b"], gamma=0.9, time_dim=td), "r b"),
+    "vtrace_shifted": (lambda m, d, td: m.vtrace(
+        d["lr"], d["r"], d["v"], d["te"], d["tr"], bootstrap_value=d["b"], gamma=0.9,
+        lmbda=0.95, rho_bar=1.0, c_bar=0.9, pg_rho_bar=1.2, time_dim=td), "r v b"),
+    "vtrace_next_values_gamma_tensor": (lambda m, d, td: m.vtrace(
+        d["lr"], d["r"], d["v"], d["te"], d["tr"], next_values=d["n"], gamma=d["gb"],
+        rho_bar=1.1, time_dim=td), "r v n"),
+    "linrec_reverse": (lambda m, d, td: m.linear_recurrence(
+        d["r"], d["beta"], init=d["b"], reverse=True, time_dim=td), "r beta b"),
+    "linrec_forward": (lambda m, d, td: m.linear_recurrence(
+        d["r"], d["beta"], init=d["b"], reverse=False, time_dim=td), "r beta b"),
+    "linrec_broadcast_beta_reverse": (lambda m, d, td: m.linear_recurrence(
+        d["r"], _full(m, d["bb"], d["r"]), init=d["b"], time_dim=td), "r bb b"),
+    "linrec_broadcast_beta_forward": (lambda m, d, td: m.linear_recurrence(
+        d["r"], _full(m, d["bb"], d["r"]), reverse=False, time_dim=td), "r bb"),
+    "traces": (lambda m, d, td: m.eligibility_traces(
+        d["r"], d["tr"], gamma=0.9, lmbda=0.8, init=d["b"], time_dim=td), "r b"),
+    "traces_features_gamma_tensor": (lambda m, d, td: m.eligibility_traces(
+        d["xf"], d["tr"], gamma=d["gb"], lmbda=0.7, init=d["bf"], time_dim=_ftd(td)), "xf bf"),
+    "cumsum": (lambda m, d, td: m.episodic_cumsum(
+        d["r"], d["tr"], init=d["b"], time_dim=td), "r b"),
+    "cumsum_features": (lambda m, d, td: m.episodic_cumsum(
+        d["xf"], d["tr"], time_dim=_ftd(td)), "xf"),
 }
 
 
 def _inputs(seed, shape, td, device):
     g = torch.Generator().manual_seed(seed)
     make = lambda s: torch.randn(s, generator=g, dtype=torch.float64)  # noqa: E731
-    r, v, nv = make(shape), make(shape), make(shape)
-    notime = tuple(n for i, n in enumerate(shape) if i != td % len(shape))
-    b = make(notime)
+    pos = td % len(shape)
+    notime = tuple(n for i, n in enumerate(shape) if i != pos)
+    per_step = tuple(n if i == pos else 1 for i, n in enumerate(shape))  # broadcast over batch
+    d = dict(r=make(shape), v=make(shape), n=make(shape), b=make(notime),
+             lr=0.5 * make(shape),  # ratios on both sides of the clip thresholds
+             beta=2 * torch.rand(shape, generator=g, dtype=torch.float64) - 1,
+             bb=2 * torch.rand(per_step, generator=g, dtype=torch.float64) - 1,
+             gb=torch.rand(per_step, generator=g, dtype=torch.float64),
+             xf=make(shape + (2,)), bf=make(notime + (2,)))
     te = torch.rand(shape, generator=g) < 0.2
     tr = torch.rand(shape, generator=g) < 0.2
     # stream 0 is not terminated at the window end, so the bootstrap value has a gradient
     last = [0] * len(shape)
-    last[td % len(shape)] = shape[td] - 1
+    last[pos] = shape[td] - 1
     te[tuple(last)] = False
-    return [t.to(device) for t in (r, v, nv, b, te, tr)]
+    d.update(te=te, tr=tr)
+    return {k: t.to(device) for k, t in d.items()}
 
 
-@pytest.mark.parametrize("layout", [((3, 11), -1), ((11, 2), 0)])
-@pytest.mark.parametrize("case", list(CASES))
-def test_gradcheck_and_reference_gradients(case, layout, impl, seed):
-    shape, td = layout
+def _check(case, shape, td, impl, seed, gradcheck="full"):
+    """gradcheck (``full``, ``fast`` or None) and the reference comparison of one case."""
     fn, wrt = CASES[case]
-    r, v, nv, b, te, tr = _inputs(seed, shape, td, impl.device)
-    leaves = {"r": r, "v": v, "n": nv, "b": b}
+    wrt = wrt.split()
+    inputs = _inputs(seed, shape, td, impl.device)
     for k in wrt:
-        leaves[k].requires_grad_(True)
+        inputs[k].requires_grad_(True)
 
     def f(lib, *xs):
-        named = {k: x.to(xs[0].device) for k, x in leaves.items()}
-        named.update(zip(wrt, xs))
         dev = xs[0].device  # the reference runs on CPU copies of everything
-        return fn(lib, named["r"], named["v"], named["n"], named["b"], te.to(dev), tr.to(dev),
-                  td)
+        named = {k: x.to(dev) for k, x in inputs.items()}
+        named.update(zip(wrt, xs))
+        return fn(lib, named, td)
 
-    xs = [leaves[k] for k in wrt]
-    if not impl.is_interp:  # the interpreter is slow: reference comparison only
-        assert torch.autograd.gradcheck(lambda *a: f(rc, *a), xs)
+    xs = [inputs[k] for k in wrt]
+    if gradcheck:
+        assert torch.autograd.gradcheck(lambda *a: f(rc, *a), xs, fast_mode=gradcheck == "fast")
     out = f(rc, *xs)
     out = out if isinstance(out, tuple) else (out,)
     ref_xs = [x.detach().cpu().requires_grad_(True) for x in xs]
@@ -69,12 +116,123 @@ def test_gradcheck_and_reference_gradients(case, layout, impl, seed):
     want_grads = torch.autograd.grad(sum((o * w).sum() for o, w in zip(want, weights)), ref_xs)
     for name, gg, wg in zip(wrt, got_grads, want_grads):
         assert gg.shape == wg.shape, name
+        assert gg.dtype == wg.dtype, name
         assert wg.abs().max() > 0, name
         torch.testing.assert_close(gg.cpu(), wg, rtol=1e-9, atol=1e-9, msg=f"d/d{name}")
 
 
-def test_no_grad_needed_means_no_graph(monkeypatch):
+@pytest.mark.parametrize("layout", [((3, 11), -1), ((11, 2), 0)])
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradcheck_and_reference_gradients(case, layout, impl, seed):
+    shape, td = layout
+    # the interpreter is slow: full gradcheck only on the CPU path, fast mode elsewhere
+    _check(case, shape, td, impl, seed, gradcheck="full" if impl.name == "cpu" else "fast")
+
+
+@pytest.mark.parametrize("layout", [((2, 4), -1), ((4, 2), 0)])
+@pytest.mark.parametrize("case", ["vtrace_shifted", "linrec_broadcast_beta_reverse",
+                                  "linrec_forward", "traces_features_gamma_tensor"])
+def test_full_gradcheck_small(case, layout, impl, seed):
+    """Full gradcheck on the kernels too, at shapes small enough for the interpreter."""
+    shape, td = layout
+    _check(case, shape, td, impl, seed, gradcheck="full")
+
+
+@pytest.mark.parametrize("case", ["gae_shifted", "vtrace_shifted", "linrec_reverse",
+                                  "linrec_forward", "traces"])
+def test_reference_gradients_segmented(case, impl, seed, segments):
+    """The backward scans through the two-phase (segmented) kernel path: 40 steps in
+    segments of 16."""
+    segments(16)
+    _check(case, (2, 40), -1, impl, seed, gradcheck=None)
+
+
+def test_gradients_flow_through_the_library_scan(monkeypatch):
+    """Each backward runs the library's own scan (never the reference loop)."""
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
-    r, v = torch.randn(2, 5), torch.randn(2, 5)
-    adv, target = rc.gae(r, v, torch.zeros(2, 5, dtype=torch.bool))
-    assert adv.grad_fn is None and not adv.requires_grad
+    from rl_triton_core import _autograd, estimators
+
+    calls = []
+    real = estimators.linear_recurrence
+
+    def spy(*a, **k):
+        calls.append(k.get("reverse"))
+        return real(*a, **k)
+
+    for name in ref.__all__:
+        monkeypatch.setattr(ref, name, None)  # the reference is never reached
+    monkeypatch.setattr(estimators, "linear_recurrence", spy)
+    d = _inputs(0, (2, 6), -1, "cpu")
+    for case, (fn, wrt) in CASES.items():
+        xs = [d[k].clone().requires_grad_(True) for k in wrt.split()]
+        named = dict(d, **dict(zip(wrt.split(), xs)))
+        out = fn(rc, named, -1)
+        out = out if isinstance(out, tuple) else (out,)
+        assert type(out[0].grad_fn).__name__.startswith("_"), case  # one of _autograd's
+        n = len(calls)
+        torch.autograd.grad(sum(o.sum() for o in out), xs)
+        assert len(calls) == n + 1, case  # exactly one scan per backward
+    assert _autograd.wants_grad(torch.zeros(1, requires_grad=True))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_no_grad_needed_means_no_graph(case, monkeypatch):
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
+    fn, wrt = CASES[case]
+    d = _inputs(0, (2, 5), -1, "cpu")
+    outs = [fn(rc, d, -1)]
+    with torch.no_grad():  # inputs that require grad, but grad mode off
+        outs.append(fn(rc, dict(d, **{k: d[k].clone().requires_grad_(True)
+                                      for k in wrt.split()}), -1))
+    # the constants require grad: still no graph (they get no gradient)
+    const = {k: d[k].clone().requires_grad_(True) for k in ("lr", "gb")}
+    outs.append(fn(rc, dict(d, **const), -1))
+    for out in outs:
+        for o in out if isinstance(out, tuple) else (out,):
+            assert o.grad_fn is None and not o.requires_grad, case
+
+
+@pytest.mark.parametrize("case", ["gae_shifted", "lambda_shifted", "vtrace_shifted",
+                                  "linrec_reverse", "linrec_forward", "traces", "cumsum"])
+def test_empty_time_axis_backward(case, monkeypatch):
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
+    fn, wrt = CASES[case]
+    d = _inputs(0, (2, 3), -1, "cpu")
+    d = {k: v.narrow(1, 0, 0).contiguous() if v.dim() > 1 and v.shape[1] == 3 else v
+         for k, v in d.items()}
+    xs = [d[k].requires_grad_(True) for k in wrt.split()]
+    out = fn(rc, d, -1)
+    out = out if isinstance(out, tuple) else (out,)
+    grads = torch.autograd.grad(sum(o.sum() for o in out), xs, allow_unused=True)
+    for k, x, g in zip(wrt.split(), xs, grads):
+        assert g is None or (g.shape == x.shape and not g.any()), k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_gradients(dtype, monkeypatch):
+    """Gradients come back in the input's dtype, close to the float64 ones."""
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
+    d = _inputs(3, (4, 64), -1, "cpu")
+    for case in ("vtrace_shifted", "linrec_forward", "gae_shifted", "traces"):
+        fn, wrt = CASES[case]
+        grads = []
+        for dt in (torch.float64, dtype):
+            xs = [d[k].to(dt).requires_grad_(True) for k in wrt.split()]
+            named = {k: (v.to(dt) if v.is_floating_point() else v) for k, v in d.items()}
+            named.update(zip(wrt.split(), xs))
+            out = fn(rc, named, -1)
+            out = out if isinstance(out, tuple) else (out,)
+            grads.append(torch.autograd.grad(sum(o.float().sum() for o in out), xs))
+        for k, g64, g in zip(wrt.split(), *grads):
+            assert g.dtype == dtype, (case, k)
+            tol = 1e-4 if dtype == torch.float32 else 5e-2
+            torch.testing.assert_close(g.double(), g64, rtol=tol, atol=tol * g64.abs().max())
+
+
+def test_double_backward_linear_recurrence(monkeypatch):
+    """The backward is built from differentiable ops and the scan itself."""
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
+    d = _inputs(1, (2, 6), -1, "cpu")
+    xs = [d[k].requires_grad_(True) for k in ("r", "beta", "b")]
+    assert torch.autograd.gradgradcheck(
+        lambda a, b, i: rc.linear_recurrence(a, b, init=i, reverse=False), xs)
