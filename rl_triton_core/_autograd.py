@@ -159,6 +159,8 @@ class _Returns(torch.autograd.Function):
                                                          device=device)
             return (*nones[:3], z, z if has_v else None, z if has_nv else None, boot,
                     *nones[:4])
+        if _fused(device):
+            return _returns_backward_fused(ctx, grads, terminated, truncated, dtype)
         gamma, lmbda = (_coef(c, dtype, device) for c in ctx.coef)
         term, done = _flags(terminated, truncated, dtype)
         if ctx.gae:
@@ -189,6 +191,61 @@ class _Returns(torch.autograd.Function):
         d = ctx.dtype
         return (None, None, None, g_rewards.to(d), _cast(g_values, d), _cast(g_next, d),
                 _cast(g_boot, d), None, None, None, None)
+
+
+def _fused(device) -> bool:
+    """The Triton backend runs the adjoint and the values' gradient in one kernel pass."""
+    from rl_triton_core._dispatch import backend_for
+
+    return backend_for(device) == "triton"
+
+
+def _returns_backward_fused(ctx, grads, terminated, truncated, dtype):
+    """_Returns.backward through the kernel's adjoint modes: one pass reads the upstream
+    gradients and the flags and writes dL/drewards (= u) and, for shifted values,
+    dL/dvalues; the other gradients are O(N) (bootstrap) or one elementwise pass
+    (explicit next values)."""
+    from rl_triton_core import _validate as check
+    from rl_triton_core._dispatch import run
+    from rl_triton_core._layout import Layout
+    from rl_triton_core._triton_scan import MODE_GAE_BWD, MODE_TD_BWD
+
+    td, shape = ctx.td, ctx.shape
+    device = terminated.device
+    has_v, has_nv, has_boot = ctx.has
+    # autograd materialises the gradient of an unused output as zeros (never None here)
+    g0 = grads[0]
+    g_target = grads[1] if ctx.gae else None
+    g, l = (check.coefficient(n, c, shape) for n, c in zip(("gamma", "lmbda"), ctx.coef))
+    g = (g[0], None if g[1] is None else g[1].detach())
+    l = (l[0], None if l[1] is None else l[1].detach())
+    shifted_values = has_v and not has_nv
+    out = run(MODE_GAE_BWD if ctx.gae else MODE_TD_BWD, Layout(shape, td), dtype, device,
+              x=g0, v=g_target, term=terminated, trunc=truncated, g=g, l=l, reverse=False,
+              two_out=shifted_values)
+    u, g_values = out if shifted_values else (out, None)
+    g_next = g_boot = None
+    if has_nv or has_boot:
+        gamma, lmbda = (_coef(c, dtype, device) for c in ctx.coef)
+        term, done = _flags(terminated, truncated, dtype)
+        if has_nv:  # dL/dV'_t = a_t u_t
+            a = gamma * (1.0 - term)
+            if not ctx.gae:
+                c = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
+                a = a * (1.0 - lmbda * c)
+            g_next = torch.broadcast_to(a * u, shape)
+        else:  # V'_{T-1} = bootstrap_value: a_{T-1} = gamma_{T-1} (1 - term_{T-1}) in both
+            last = shape[td] - 1
+            a = torch.broadcast_to(gamma * (1.0 - term), shape).select(td, last)
+            g_boot = (a * u.select(td, last)).sum_to_size(ctx.boot_shape)
+    if has_v and g_values is None:
+        if ctx.gae:
+            g_values = -u if g_target is None else g_target.to(dtype) - u
+        else:
+            g_values = torch.zeros_like(u)
+    d = ctx.dtype
+    return (None, None, None, u.to(d), _cast(g_values, d), _cast(g_next, d), _cast(g_boot, d),
+            None, None, None, None)
 
 
 def _cast(g, dtype):

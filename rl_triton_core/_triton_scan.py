@@ -29,6 +29,10 @@ MODE_TDLAMBDA = 2  # TD(lambda) / discounted returns
 MODE_TRACE = 3  # forward: z_t = x_t + gamma lambda (1 - done_{t-1}) z_{t-1}
 MODE_VTRACE = 4  # D_t = rho_t delta_t + gamma (1 - done_t) c_t D_{t+1}; OUT0 = V + D, OUT1 = pg adv
 MODE_RETRACE = 5  # D_t = delta_t + gamma (1 - done_t) c_{t+1} D_{t+1}; OUT0 = Q + D
+# adjoints (forward scans) of GAE and TD(lambda): u_t = g_t + beta_{t-1} u_{t-1}, OUT0 = u
+# (the rewards' gradient); with TWO_OUT, OUT1 = the values' gradient of the shifted form
+MODE_GAE_BWD = 6  # OUT1 = g_target_t - u_t + gamma_{t-1} (1 - term_{t-1}) u_{t-1}
+MODE_TD_BWD = 7  # OUT1 = gamma_{t-1} (1 - term_{t-1}) (1 - lambda_{t-1} c_{t-1}) u_{t-1}
 
 
 @triton.jit
@@ -127,6 +131,33 @@ def _coefficients(
         if L_TENSOR:
             lmbda = _ld(L, o1, o2, tp, sl1, sl2, slt, m, FP64)
         return x, gamma * lmbda * notdone, x, zero, zero, zero, no
+    elif MODE == 6 or MODE == 7:
+        # adjoint of GAE / TD(lambda): X = dL/dadvantages or dL/dreturns, V = dL/dtargets
+        # (GAE); every coefficient is the forward's at t-1 (0 at t = 0)
+        tp = tl.maximum(t - 1, 0)
+        mp = m & (t >= 1)
+        term_p = _ld(TERM, o1, o2, tp, sa1, sa2, sat, mp, FP64)
+        if HAS_TRUNC:
+            done_p = tl.maximum(term_p, _ld(TRUNC, o1, o2, tp, sb1, sb2, sbt, mp, FP64))
+        else:
+            done_p = term_p
+        if G_TENSOR:
+            gamma = _ld(G, o1, o2, tp, sg1, sg2, sgt, mp, FP64)
+        if L_TENSOR:
+            lmbda = _ld(L, o1, o2, tp, sl1, sl2, slt, mp, FP64)
+        if HAS_V:
+            gt = _ld(V, o1, o2, t, sv1, sv2, svt, m, FP64)
+        else:
+            gt = zero
+        a_p = gamma * (1.0 - term_p)
+        if MODE == 6:
+            beta = gamma * lmbda * (1.0 - done_p)
+        else:
+            beta = a_p * lmbda * (1.0 - done_p)
+            a_p = a_p * (1.0 - lmbda * (1.0 - done_p))
+        first = t < 1
+        return (x + gt, tl.where(first, 0.0, beta), gt, zero, tl.where(first, 0.0, a_p), zero,
+                no)
     else:
         # rewards = X; terminated/truncated step-aligned; V' explicit or shifted
         term = _ld(TERM, o1, o2, t, sa1, sa2, sat, m, FP64)
@@ -300,6 +331,19 @@ def scan_kernel(
                 tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
             elif MODE == 5:
                 tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+            elif MODE == 6 or MODE == 7:
+                tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                if TWO_OUT:
+                    # u_{t-1}: stored by this program (this chunk or the one before it);
+                    # at the segment's start, the carry entering it
+                    tl.debug_barrier()
+                    u_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
+                                     other=0.0).to(h.dtype)
+                    u_prev = tl.where(t == t_lo, carry_seg[:, None], u_prev)
+                    g_val = p1 * u_prev
+                    if MODE == 6:
+                        g_val = g_val + v - h
+                    tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
             else:
                 tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
                 if TWO_OUT:

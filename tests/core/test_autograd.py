@@ -138,6 +138,25 @@ def test_full_gradcheck_small(case, layout, impl, seed):
     _check(case, shape, td, impl, seed, gradcheck="full")
 
 
+@pytest.mark.parametrize("which", [0, 1])
+@pytest.mark.parametrize("case", ["gae_shifted", "gae_next_values", "vtrace_shifted"])
+def test_only_one_output_used(case, which, impl, seed):
+    """A loss on one of the two outputs: the other's gradient arrives as None."""
+    fn, wrt = CASES[case]
+    wrt = wrt.split()
+    shape, td = (3, 11), -1
+    inputs = _inputs(seed, shape, td, impl.device)
+    xs = [inputs[k].requires_grad_(True) for k in wrt]
+    ref_xs = [x.detach().cpu().requires_grad_(True) for x in xs]
+    cpu = {k: x.cpu() for k, x in inputs.items()}
+    cpu.update(zip(wrt, ref_xs))
+    w = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    got = torch.autograd.grad((fn(rc, inputs, td)[which] * w.to(impl.device)).sum(), xs)
+    want = torch.autograd.grad((fn(ref, cpu, td)[which] * w).sum(), ref_xs)
+    for name, gg, wg in zip(wrt, got, want):
+        torch.testing.assert_close(gg.cpu(), wg, rtol=1e-9, atol=1e-9, msg=f"d/d{name}")
+
+
 @pytest.mark.parametrize("case", ["gae_shifted", "vtrace_shifted", "linrec_reverse",
                                   "linrec_forward", "traces"])
 def test_reference_gradients_segmented(case, impl, seed, segments):
