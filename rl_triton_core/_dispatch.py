@@ -35,22 +35,42 @@ def backend_for(device: torch.device) -> str:
 
 def run(mode, layout: Layout, out_dtype, device, *, x, v=None, nv=None, term=None, trunc=None,
         boot=None, g=(1.0, None), l=(1.0, None), init=None, rho=None, rb=(1.0, None),
-        cb=(1.0, None), pb=(1.0, None), reverse=True, two_out=False, fast=None):
+        cb=(1.0, None), pb=(1.0, None), reverse=True, two_out=False, fast=None, out=None):
     """Allocate the outputs and run the scan; returns ``out0`` or ``(out0, out1)``.
 
+    ``out_dtype``: the data's dtype (the outputs' unless ``out`` is given; float64
+    data makes the kernel compute in float64). ``out``: validated ``(out0, out1 or
+    None)`` of _validate.outputs to write into. The scan writes into them directly
+    where the layout addresses them as [N1, N2, T] (two outputs: with the same
+    strides); otherwise into fresh tensors that are then copied into them.
     ``fast``: ``(key, slots)`` of _fastpath: record this call's launch for reuse.
     """
-    out0 = None
     like_idx = None
-    if x.shape == layout.shape:
-        out0 = torch.empty_like(x, dtype=out_dtype, device=device)
-        like_idx = 0
-        if not layout.mergeable(out0):
-            out0, like_idx = None, None
-    if out0 is None:
-        out0 = torch.empty(layout.shape, dtype=out_dtype, device=device)
-    out1 = torch.empty_like(out0) if two_out else None
+    user = None
+    if out is not None:
+        ret = out
+        # written without autograd (out= with grad raised before); .numpy() needs this
+        out0, out1 = (o.detach() if o is not None and o.requires_grad else o for o in out)
+        if not (layout.mergeable(out0) and (out1 is None or (
+                layout.mergeable(out1) and layout.view3(out0)[1:] == layout.view3(out1)[1:]))):
+            user = (out0, out1)
+            out0 = torch.empty(layout.shape, dtype=out0.dtype, device=device)
+            out1 = torch.empty(layout.shape, dtype=out1.dtype, device=device) if two_out \
+                else None
+            fast = None  # the plan would write into the wrong tensors: full path each time
+    else:
+        out0 = None
+        if x.shape == layout.shape:
+            out0 = torch.empty_like(x, dtype=out_dtype, device=device)
+            like_idx = 0
+            if not layout.mergeable(out0):
+                out0, like_idx = None, None
+        if out0 is None:
+            out0 = torch.empty(layout.shape, dtype=out_dtype, device=device)
+        out1 = torch.empty_like(out0) if two_out else None
     if layout.T == 0 or layout.N == 0:
+        if out is not None:
+            out0, out1 = ret
         return (out0, out1) if two_out else out0
     inputs = dict(x=x, v=v, nv=nv, term=term, trunc=trunc, boot=boot, init=init, rho=rho,
                   g=g, l=l, rb=rb, cb=cb, pb=pb)
@@ -59,17 +79,24 @@ def run(mode, layout: Layout, out_dtype, device, *, x, v=None, nv=None, term=Non
             # Triton launches on the current device: make it the inputs' one
             with torch.cuda.device(device):
                 _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx,
-                            out_dtype)
+                            out_dtype, out is not None)
         else:
             _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx,
-                        out_dtype)
+                        out_dtype, out is not None)
     else:
         _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init,
                  rho, rb, cb, pb, reverse, two_out)
+    if user is not None:
+        user[0].copy_(out0)
+        if two_out:
+            user[1].copy_(out1)
+    if out is not None:
+        out0, out1 = ret
     return (out0, out1) if two_out else out0
 
 
-def _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx, out_dtype):
+def _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx, out_dtype,
+                user_out):
     from rl_triton_core import _fastpath, _triton_scan
 
     slots = {}
@@ -95,11 +122,18 @@ def _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_i
     o = layout.view3(out0)
     args, ws_spec, launched = _triton_scan.launch(
         o[0], out1, o[1:], slots, mode, reverse, layout.N, layout.N2, layout.T, two_out,
-        out0.dtype == torch.float64, slots["x"][3] == 1)
+        out_dtype == torch.float64, _time_contiguous(slots["x"][3], o[3]))
     if fast is not None and (out0.device.type == "cuda" or _fastpath.CPU_PLANS):
         key, user_slots = fast
         _fastpath.record(key, user_slots, used, args, ws_spec, launched, out0, out1,
-                         like_idx, out_dtype, layout.shape)
+                         like_idx, out_dtype, layout.shape, user_out)
+
+
+def _time_contiguous(x_time_stride, out_time_stride) -> bool:
+    """Whether the tile should run along time (batch-major) or along streams: the data's
+    layout, or the output's where the data is broadcast along time (an upstream
+    gradient expanded from a sum, in the backward passes)."""
+    return (x_time_stride if x_time_stride != 0 else out_time_stride) == 1
 
 
 _F64 = np.zeros(1)
@@ -143,7 +177,8 @@ def _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, 
             return _dummy(False, (N1, N2))
         return layout.as_numpy2(host(t))
 
-    direct = on_cpu and out0.dtype in (torch.float32, torch.float64)
+    direct = on_cpu and out0.dtype in (torch.float32, torch.float64) and (
+        out1 is None or out1.dtype in (torch.float32, torch.float64))
     res0 = out0 if direct else torch.empty(layout.shape, dtype=torch.float64)
     res1 = (out1 if direct else torch.empty_like(res0)) if two_out else None
     o0 = layout.as_numpy3(res0)

@@ -5,8 +5,10 @@ The first call of a configuration goes through the full path (validation,
 layouts, ``scan_kernel[grid](...)``) and records a :class:`Plan`: the kernel's
 positional arguments with the tensor slots marked, the compiled kernels and
 their constexprs. Later calls with the same key only check the scalar
-coefficients, allocate the outputs and hand the argument list to the compiled
-kernels' launcher. Nothing here reads tensor data: no host synchronisation.
+coefficients, allocate the outputs (or take the caller's ``out=`` tensors, whose
+shapes, strides, dtypes and alignments are part of the key, and check only that
+their memory does not overlap the inputs') and hand the argument list to the
+compiled kernels' launcher. Nothing here reads tensor data: no host synchronisation.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ import struct
 import torch
 from triton import knobs
 
-# the inputs of one call, in this order, as the user passed them
-SLOTS = ("x", "v", "nv", "term", "trunc", "boot", "init", "rho", "g", "l", "rb", "cb", "pb")
+# the inputs of one call, in this order, as the user passed them, then the out= tensors
+SLOTS = ("x", "v", "nv", "term", "trunc", "boot", "init", "rho", "g", "l", "rb", "cb", "pb",
+         "out0", "out1")
+_OUT0, _OUT1 = SLOTS.index("out0"), SLOTS.index("out1")
+_NOT_A_SLOT = object()  # a malformed out= argument: no key, the full path says why
 _COEF_RANGE = {"g": (0.0, 1.0), "l": (0.0, 1.0), "rb": (0.0, float("inf")),
                "cb": (0.0, float("inf")), "pb": (0.0, float("inf"))}
 _PLANS: dict = {}
@@ -50,6 +55,22 @@ def key_of(prefix, slots):
     return tuple(key)
 
 
+def out_slots(out, two_out):
+    """The (out0, out1) slots of an ``out=`` argument as the user passed it."""
+    if out is None:
+        return None, None
+    if not two_out:
+        return out, None
+    if type(out) in (tuple, list) and len(out) == 2:
+        return out[0], out[1]
+    return _NOT_A_SLOT, _NOT_A_SLOT
+
+
+def _extent(t):
+    """Bytes from data_ptr to one past the last element (constant for a key's metadata)."""
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
 def lookup(key, slots):
     """Run the cached plan for ``key``; None if there is none or a check needs the full path."""
     if key is None:
@@ -75,7 +96,23 @@ def split(value: float):
 
 class Plan:
     __slots__ = ("template", "tensor_pos", "number_pos", "checks", "like", "dtype", "shape",
-                 "two_out", "out1_pos", "dummy_pos", "ws_pos", "ws_spec", "kernels", "device")
+                 "two_out", "out1_pos", "dummy_pos", "ws_pos", "ws_spec", "kernels", "device",
+                 "user_out", "in_extents", "out_extents")
+
+    def _overlap(self, slots):
+        """Whether an out= tensor shares memory with an input or the other output: the
+        pointers against byte extents fixed by the key (no sync, no data read)."""
+        outs = []
+        for idx, ext in self.out_extents:
+            p = slots[idx].data_ptr()
+            outs.append((p, p + ext))
+        for idx, ext in self.in_extents:
+            p = slots[idx].data_ptr()
+            q = p + ext
+            for lo, hi in outs:
+                if p < hi and lo < q:
+                    return True
+        return len(outs) == 2 and outs[0][0] < outs[1][1] and outs[1][0] < outs[0][1]
 
     def __call__(self, slots):
         for idx, lo, hi in self.checks:
@@ -83,11 +120,16 @@ class Plan:
             if not lo <= value <= hi:  # also catches NaN: the full path raises the error
                 return None
         device = self.device
-        if self.like is not None:
-            out0 = torch.empty_like(slots[self.like], dtype=self.dtype)
+        if self.user_out:
+            if self._overlap(slots):  # the full path raises the error
+                return None
+            out0, out1 = slots[_OUT0], slots[_OUT1]
         else:
-            out0 = torch.empty(self.shape, dtype=self.dtype, device=device)
-        out1 = torch.empty_like(out0) if self.two_out else None
+            if self.like is not None:
+                out0 = torch.empty_like(slots[self.like], dtype=self.dtype)
+            else:
+                out0 = torch.empty(self.shape, dtype=self.dtype, device=device)
+            out1 = torch.empty_like(out0) if self.two_out else None
         args = list(self.template)
         args[0] = out0
         args[1] = out1 if out1 is not None else out0
@@ -125,15 +167,24 @@ class Plan:
             raise
 
 
-def record(key, slots, used, args, ws_spec, launched, out0, out1, like_idx, dtype, shape):
+def record(key, slots, used, args, ws_spec, launched, out0, out1, like_idx, dtype, shape,
+           user_out=False):
     """Store the plan of a call that just ran through the full path.
 
     ``used``: per slot name, the (tensor the kernel received, position of its
     pointer in ``args``) -- a pointer that is not the user's tensor (a copy)
     makes the call uncacheable. Scalars: their position (the float32 pair's first).
+    ``user_out``: ``out0``/``out1`` are the caller's out= tensors (slots out0/out1),
+    which a replay writes into again.
     """
     if key is None or launched is None:
         return
+    if user_out:
+        for idx, t in ((_OUT0, out0), (_OUT1, out1)):
+            user = slots[idx]
+            if (t is None) != (user is None) or (t is not None and (
+                    type(user) is not torch.Tensor or t.data_ptr() != user.data_ptr())):
+                return
     from rl_triton_core._triton_scan import scan_kernel
 
     plan = Plan()
@@ -171,6 +222,12 @@ def record(key, slots, used, args, ws_spec, launched, out0, out1, like_idx, dtyp
     plan.shape = shape
     plan.two_out = out1 is not None
     plan.device = out0.device
+    plan.user_out = user_out
+    plan.out_extents, plan.in_extents = [], []
+    if user_out:
+        for idx, t in enumerate(slots):
+            if type(t) is torch.Tensor and t.numel():
+                (plan.out_extents if idx >= _OUT0 else plan.in_extents).append((idx, _extent(t)))
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     try:

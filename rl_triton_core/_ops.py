@@ -59,8 +59,12 @@ def _(name, tensors, coef_values, coef_tensors, ints):
     return [out] + [torch.empty_like(out) for _ in range(n_out - 1)]
 
 
-def call(name: str, args: dict):
-    """Route one estimator call through the custom op (used while tracing)."""
+def call(name: str, args: dict, out=None):
+    """Route one estimator call through the custom op (used while tracing).
+
+    ``out``: the estimator's ``out=`` argument; the op stays functional and its
+    result is copied into ``out`` (an input mutation the graph records), which is
+    returned."""
     tnames, cnames, inames, n_out = SPECS[name]
     tensors = [args[n] for n in tnames]
     coef_values, coef_tensors = [], []
@@ -73,5 +77,14 @@ def call(name: str, args: dict):
             coef_values.append(float(value))
             coef_tensors.append(None)
     ints = [int(args[n]) for n in inames]
-    out = _call(name, tensors, coef_values, coef_tensors, ints)
-    return tuple(out) if n_out == 2 else out[0]
+    res = _call(name, tensors, coef_values, coef_tensors, ints)
+    if out is not None:
+        from rl_triton_core import _validate
+
+        o0, o1 = _validate.outputs(out, n_out == 2, res[0].shape, res[0].device)
+        o0.copy_(res[0])
+        if n_out == 1:
+            return o0
+        o1.copy_(res[1])
+        return o0, o1
+    return tuple(res) if n_out == 2 else res[0]

@@ -112,3 +112,80 @@ def flag(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from ``t.data_ptr()`` to one past its last element (0 for an empty tensor)."""
+    if t.numel() == 0:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _internal_overlap(t: torch.Tensor) -> bool:
+    """True where two indices of ``t`` may share memory (an expanded or unfolded view).
+
+    Sorted by stride, each axis must step past everything the smaller ones span; a
+    view that fails this without overlapping is not made by slicing, transposing or
+    reshaping, and is rejected as well (as PyTorch does for views too hard to tell)."""
+    span = 0
+    for s, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1):
+        if s <= span:
+            return True
+        span += (n - 1) * s
+    return False
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges of ``a`` and ``b`` intersect (pointers only, no sync)."""
+    ea, eb = _extent(a), _extent(b)
+    if not ea or not eb or a.device != b.device:
+        return False
+    pa, pb = a.data_ptr(), b.data_ptr()
+    return pa < pb + eb and pb < pa + ea
+
+
+def outputs(out, two_out: bool, shape, device, inputs=None) -> tuple:
+    """Check an ``out=`` argument; returns ``(out0, out1-or-None)``.
+
+    ``out``: a tensor, or for the two-output estimators a tuple (or list) of two;
+    floating dtype (any: the scan casts on store), the data's ``shape`` and
+    ``device``, no internal overlap. ``inputs``: (name, tensor-or-None) pairs that
+    the outputs must not overlap (byte ranges of the pointers: metadata only, no
+    host synchronisation); None skips that check (tracing: fake tensors have no
+    memory)."""
+    if two_out:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(
+                "out must be a tuple of two tensors (one per output), got "
+                f"{type(out).__name__}" + (f" of length {len(out)}"
+                                           if isinstance(out, (tuple, list)) else "")
+            )
+        named = (("out[0]", out[0]), ("out[1]", out[1]))
+    else:
+        named = (("out", out),)
+    shape = tuple(shape)
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have the data's shape {shape}, got {tuple(t.shape)}")
+        if device is not None and t.device != device:
+            raise ValueError(f"{name} is on {t.device} but the data is on {device}")
+        if inputs is not None and _internal_overlap(t):
+            raise ValueError(
+                f"{name} has overlapping elements (e.g. an expanded view, stride "
+                f"{tuple(t.stride())}): every output element needs its own memory"
+            )
+    if inputs is not None:
+        for name, t in named:
+            for iname, src in inputs:
+                if isinstance(src, torch.Tensor) and overlaps(t, src):
+                    raise ValueError(
+                        f"{name} overlaps the memory of {iname}: out must not share memory "
+                        "with an input"
+                    )
+        if two_out and overlaps(named[0][1], named[1][1]):
+            raise ValueError("out[0] and out[1] overlap: the two outputs need separate memory")
+    return (named[0][1], named[1][1] if two_out else None)

@@ -7,6 +7,16 @@ Conventions (../shared/spec/semantics.md): flags are step-aligned,
 ``terminated_t`` cuts the bootstrap, ``done_t = terminated_t or truncated_t``
 cuts the trace. ``V'_t`` is ``next_values[t]`` if given, else ``values[t+1]``
 for ``t < T-1`` and ``bootstrap_value`` (0 if omitted) at ``t = T-1``.
+
+``out=`` (every estimator): write the result into the caller's tensors instead of
+allocating, as torch's ``out=`` does -- a tensor, or a tuple of two for the
+two-output estimators; the data's shape and device, any floating dtype (the scan
+accumulates in float32 or better and casts on store), no memory shared with an
+input or between the two outputs (checked on the pointers, without a host
+synchronisation). Any strides work; where the scan cannot address them as
+[lead, trailing, T] strides, it writes a temporary that is then copied in. Not
+with autograd (as torch: RuntimeError), and under torch.compile the op's result is
+copied into ``out``.
 """
 
 from __future__ import annotations
@@ -39,17 +49,31 @@ __all__ = [
 ]
 
 
+def _no_grad_out(fn, out, *tensors):
+    """out= with autograd is an error, as in torch: where grad mode is on and ``out`` or
+    a tensor the estimator differentiates (``tensors``) requires grad."""
+    if not torch.is_grad_enabled():
+        return
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*tensors, *outs)):
+        raise RuntimeError(
+            f"{fn}(): functions with out=... arguments don't support automatic "
+            "differentiation, but one of the arguments requires grad: call it without out= "
+            "to differentiate through it (or under torch.no_grad())"
+        )
+
+
 def _returns_family(mode, rewards, values, terminated, truncated, next_values, bootstrap_value,
                     gamma, lmbda, time_dim, two_out, log_rhos=None, thresholds=None,
-                    values_name="values", next_name="next_values"):
+                    values_name="values", next_name="next_values", out=None):
     thresholds = thresholds or {}
     slots = (rewards, values, next_values, terminated, truncated, bootstrap_value, None,
              log_rhos, gamma, lmbda, thresholds.get("rho_bar"), thresholds.get("c_bar"),
-             thresholds.get("pg_rho_bar"))
+             thresholds.get("pg_rho_bar"), *_fastpath.out_slots(out, two_out))
     key = _fastpath.key_of((mode, time_dim), slots)
-    out = _fastpath.lookup(key, slots)
-    if out is not None:
-        return out
+    hit = _fastpath.lookup(key, slots)
+    if hit is not None:
+        return hit
     rewards = check.tensor("rewards", rewards)
     shape = tuple(rewards.shape)
     td = normalize_time_dim(time_dim, rewards.dim())
@@ -83,21 +107,25 @@ def _returns_family(mode, rewards, values, terminated, truncated, next_values, b
     dtype = check.data_dtype([("rewards", rewards), (values_name, values),
                               (next_name, next_values), ("bootstrap_value", bootstrap_value),
                               ("log_rhos", log_rhos)])
-    device = check.same_device([
+    named = [
         ("rewards", rewards), (values_name, values), ("terminated", terminated),
         ("truncated", truncated), (next_name, next_values),
         ("bootstrap_value", bootstrap_value), ("log_rhos", log_rhos), ("gamma", g[1]),
         ("lmbda", l[1]), *[(k, c[1]) for k, c in thr.items()],
-    ])
+    ]
+    device = check.same_device(named)
+    if out is not None:
+        out = check.outputs(out, two_out, shape, device, named)
     one = (1.0, None)
     return run(mode, Layout(shape, td), dtype, device, x=rewards, v=values, nv=next_values,
                term=terminated, trunc=truncated, boot=bootstrap_value, g=g, l=l, rho=log_rhos,
                rb=thr.get("rho_bar", one), cb=thr.get("c_bar", one),
-               pb=thr.get("pg_rho_bar", one), reverse=True, two_out=two_out, fast=(key, slots))
+               pb=thr.get("pg_rho_bar", one), reverse=True, two_out=two_out, fast=(key, slots),
+               out=out)
 
 
 def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootstrap_value=None,
-        gamma=0.99, lmbda=0.95, time_dim=-1):
+        gamma=0.99, lmbda=0.95, time_dim=-1, out=None):
     r"""Generalized Advantage Estimation (Schulman et al. 2015, arXiv:1506.02438).
 
     .. math::
@@ -116,9 +144,16 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
             ``next_values`` is omitted (then V'_t = V_{t+1} for t < T-1).
         gamma, lmbda: floats in [0, 1] or tensors broadcastable to rewards (per step).
         time_dim: the time axis.
+        out: optional ``(advantages, value_targets)`` tensors to write into (saves the
+            allocation in a hot loop): rewards' shape and device, any floating dtype
+            (e.g. float32 outputs for bf16 data: the scan accumulates in float32 and
+            casts on store), any strides (a layout the scan cannot address directly goes
+            through a temporary and a copy), memory shared with no input and not with
+            each other (ValueError). Not with autograd (RuntimeError, as torch).
 
     Returns:
-        ``(advantages, value_targets)``, new tensors with rewards' shape, in the data's dtype.
+        ``(advantages, value_targets)``, new tensors with rewards' shape, in the data's
+        dtype; with ``out``, the tuple ``(out[0], out[1])`` (the same tensor objects).
 
     Example::
 
@@ -134,7 +169,9 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
         return _ops.call("gae", dict(
             rewards=rewards, values=values, terminated=terminated, truncated=truncated,
             next_values=next_values, bootstrap_value=bootstrap_value, gamma=gamma, lmbda=lmbda,
-            time_dim=time_dim))
+            time_dim=time_dim), out)
+    if out is not None:
+        _no_grad_out("gae", out, rewards, values, next_values, bootstrap_value)
     if _autograd.wants_grad(rewards, values, next_values, bootstrap_value):
         def call(r, v, nv, b):
             return gae(r, v, terminated, truncated, next_values=nv, bootstrap_value=b,
@@ -143,11 +180,11 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
         return _differentiable(call, True, rewards, values, terminated, truncated, next_values,
                                bootstrap_value, gamma, lmbda, time_dim)
     return _returns_family(MODE_GAE, rewards, values, terminated, truncated, next_values,
-                           bootstrap_value, gamma, lmbda, time_dim, True)
+                           bootstrap_value, gamma, lmbda, time_dim, True, out=out)
 
 
 def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=None,
-                   bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim=-1):
+                   bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim=-1, out=None):
     r"""TD(lambda) returns (Sutton & Barto 2018, ch. 12; Peng & Williams 1996).
 
     .. math::
@@ -162,6 +199,12 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
     formula never reads V_t itself: with ``next_values`` given, ``values`` may be
     None.
 
+    Args:
+        rewards, values, terminated, truncated, next_values, bootstrap_value, gamma,
+            lmbda, time_dim: as :func:`gae`.
+        out: optional tensor to write G into (returned as is): as :func:`gae`'s
+            ``out``, one tensor.
+
     Example::
 
         >>> import torch
@@ -174,7 +217,9 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
         return _ops.call("lambda_returns", dict(
             rewards=rewards, values=values, terminated=terminated, truncated=truncated,
             next_values=next_values, bootstrap_value=bootstrap_value, gamma=gamma, lmbda=lmbda,
-            time_dim=time_dim))
+            time_dim=time_dim), out)
+    if out is not None:
+        _no_grad_out("lambda_returns", out, rewards, values, next_values, bootstrap_value)
     if _autograd.wants_grad(rewards, values, next_values, bootstrap_value):
         def call(r, v, nv, b):
             return lambda_returns(r, v, terminated, truncated, next_values=nv,
@@ -184,11 +229,11 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
         return _differentiable(call, False, rewards, values, terminated, truncated,
                                next_values, bootstrap_value, gamma, lmbda, time_dim)
     return _returns_family(MODE_TDLAMBDA, rewards, values, terminated, truncated, next_values,
-                           bootstrap_value, gamma, lmbda, time_dim, False)
+                           bootstrap_value, gamma, lmbda, time_dim, False, out=out)
 
 
 def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
-                       bootstrap_value=None, gamma=0.99, time_dim=-1):
+                       bootstrap_value=None, gamma=0.99, time_dim=-1, out=None):
     r"""Discounted (Monte-Carlo) returns: :func:`lambda_returns` with lambda = 1.
 
     .. math::
@@ -199,6 +244,12 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
     and at t = T-1 the carry is V'_{T-1}. Without ``next_values`` there are no
     values to bootstrap from inside the window: V'_t = 0 for t < T-1 (a
     truncation there contributes nothing) and V'_{T-1} = ``bootstrap_value``.
+
+    Args:
+        rewards, terminated, truncated, next_values, bootstrap_value, gamma, time_dim:
+            as :func:`gae`.
+        out: optional tensor to write G into (returned as is): as :func:`gae`'s
+            ``out``, one tensor.
 
     Example::
 
@@ -211,7 +262,9 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
         return _ops.call("discounted_returns", dict(
             rewards=rewards, terminated=terminated, truncated=truncated, next_values=next_values,
-            bootstrap_value=bootstrap_value, gamma=gamma, time_dim=time_dim))
+            bootstrap_value=bootstrap_value, gamma=gamma, time_dim=time_dim), out)
+    if out is not None:
+        _no_grad_out("discounted_returns", out, rewards, next_values, bootstrap_value)
     if _autograd.wants_grad(rewards, next_values, bootstrap_value):
         def call(r, v, nv, b):
             return discounted_returns(r, terminated, truncated, next_values=nv,
@@ -220,7 +273,7 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
         return _differentiable(call, False, rewards, None, terminated, truncated, next_values,
                                bootstrap_value, gamma, 1.0, time_dim)
     return _returns_family(MODE_TDLAMBDA, rewards, None, terminated, truncated, next_values,
-                           bootstrap_value, gamma, 1.0, time_dim, False)
+                           bootstrap_value, gamma, 1.0, time_dim, False, out=out)
 
 
 def _differentiable(call, is_gae, rewards, values, terminated, truncated, next_values,
@@ -237,7 +290,7 @@ def _differentiable(call, is_gae, rewards, values, terminated, truncated, next_v
 
 def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values=None,
            bootstrap_value=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, pg_rho_bar=1.0,
-           time_dim=-1):
+           time_dim=-1, out=None):
     r"""V-trace targets and policy-gradient advantages (Espeholt et al. 2018, IMPALA,
     arXiv:1802.01561), with a lambda factor on the trace.
 
@@ -261,9 +314,10 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
             time_dim: as :func:`gae`.
         lmbda: the trace's lambda factor (1 = the paper's V-trace).
         rho_bar, c_bar, pg_rho_bar: clip thresholds (floats >= 0 or tensors).
+        out: optional ``(vs, pg_advantages)`` tensors to write into: as :func:`gae`'s.
 
     Returns:
-        ``(vs, pg_advantages)`` with rewards' shape.
+        ``(vs, pg_advantages)`` with rewards' shape (with ``out``: ``(out[0], out[1])``).
 
     Example::
 
@@ -279,7 +333,9 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
             log_rhos=log_rhos, rewards=rewards, values=values, terminated=terminated,
             truncated=truncated, next_values=next_values, bootstrap_value=bootstrap_value,
             gamma=gamma, lmbda=lmbda, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar,
-            time_dim=time_dim))
+            time_dim=time_dim), out)
+    if out is not None:
+        _no_grad_out("vtrace", out, rewards, values, next_values, bootstrap_value)
     if _autograd.wants_grad(rewards, values, next_values, bootstrap_value):
         def call(r, v, nv, b):
             return vtrace(log_rhos, r, v, terminated, truncated, next_values=nv,
@@ -292,11 +348,11 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
     return _returns_family(MODE_VTRACE, rewards, values, terminated, truncated, next_values,
                            bootstrap_value, gamma, lmbda, time_dim, True, log_rhos=log_rhos,
                            thresholds={"rho_bar": rho_bar, "c_bar": c_bar,
-                                       "pg_rho_bar": pg_rho_bar})
+                                       "pg_rho_bar": pg_rho_bar}, out=out)
 
 
 def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=None, *,
-            gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1):
+            gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1, out=None):
     r"""Retrace(lambda) Q targets (Munos et al. 2016, arXiv:1606.02647).
 
     .. math::
@@ -316,6 +372,8 @@ def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=
             step: of the true final state).
         terminated, truncated, gamma, time_dim: as :func:`gae`.
         lmbda, c_bar: trace factor and ratio clip (floats or tensors, read at t+1).
+        out: optional tensor to write Q^ret into (returned as is): as :func:`gae`'s
+            ``out``, one tensor.
 
     Example::
 
@@ -329,18 +387,20 @@ def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=
         return _ops.call("retrace", dict(
             log_rhos=log_rhos, rewards=rewards, q_values=q_values, expected_next_q=expected_next_q,
             terminated=terminated, truncated=truncated, gamma=gamma, lmbda=lmbda, c_bar=c_bar,
-            time_dim=time_dim))
+            time_dim=time_dim), out)
+    if out is not None:
+        _no_grad_out("retrace", out, rewards, q_values, expected_next_q)
     return _returns_family(MODE_RETRACE, rewards, q_values, terminated, truncated,
                            expected_next_q, None, gamma, lmbda, time_dim, False,
                            log_rhos=log_rhos, thresholds={"c_bar": c_bar},
-                           values_name="q_values", next_name="expected_next_q")
+                           values_name="q_values", next_name="expected_next_q", out=out)
 
 
 def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, rewards,
                          terminated, truncated=None, *, next_q_values=None,
                          next_target_probs=None, bootstrap_q_values=None,
                          bootstrap_target_probs=None, gamma=0.99, lmbda=1.0, c_bar=1.0,
-                         time_dim=-1):
+                         time_dim=-1, out=None):
     r"""Retrace(lambda) from per-action tensors: the convenience form of :func:`retrace`.
 
     Builds, with torch ops outside the scan (so any number of actions A runs at
@@ -359,6 +419,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
             indexes the per-step shape ``[..., T]`` (the action axis is last).
         actions: ``[..., T]`` integer actions in [0, A). behaviour_log_probs: log mu(a_t|s_t).
         rewards, terminated, truncated: ``[..., T]``.
+        out: optional ``[..., T]`` tensor to write the targets into: as :func:`retrace`'s.
 
     A behaviour probability of 0 gives log rho = +inf: the ratio is clipped at
     ``c_bar`` (a finite trace). Out-of-range actions raise on CPU; on CUDA they
@@ -418,7 +479,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         q_next, p_next = next_q_values, next_target_probs
     expected_next_q = (p_next * q_next).sum(-1)
     return retrace(log_rhos, rewards, q_taken, expected_next_q, terminated, truncated,
-                   gamma=gamma, lmbda=lmbda, c_bar=c_bar, time_dim=time_dim)
+                   gamma=gamma, lmbda=lmbda, c_bar=c_bar, time_dim=time_dim, out=out)
 
 
 def _forward_coefficient(name, value, done_shape, shape, feat):
@@ -433,12 +494,13 @@ def _forward_coefficient(name, value, done_shape, shape, feat):
     return value, tensor
 
 
-def _forward_family(x, done, gamma, lmbda, init, time_dim, decay_names):
-    slots = (x, None, None, done, None, None, init, None, gamma, lmbda, None, None, None)
+def _forward_family(x, done, gamma, lmbda, init, time_dim, decay_names, out=None):
+    slots = (x, None, None, done, None, None, init, None, gamma, lmbda, None, None, None,
+             *_fastpath.out_slots(out, False))
     key = _fastpath.key_of((MODE_TRACE, time_dim), slots)
-    out = _fastpath.lookup(key, slots)
-    if out is not None:
-        return out
+    hit = _fastpath.lookup(key, slots)
+    if hit is not None:
+        return hit
     x = check.tensor("x", x)
     done = check.tensor("done", done, flag=True)
     td = normalize_time_dim(time_dim, x.dim())
@@ -462,13 +524,15 @@ def _forward_family(x, done, gamma, lmbda, init, time_dim, decay_names):
     else:
         g = l = (1.0, None)
     dtype = check.data_dtype([("x", x), ("init", init)])
-    device = check.same_device([("x", x), ("done", done), ("init", init), ("gamma", g[1]),
-                                ("lmbda", l[1])])
+    named = [("x", x), ("done", done), ("init", init), ("gamma", g[1]), ("lmbda", l[1])]
+    device = check.same_device(named)
+    if out is not None:
+        out = check.outputs(out, False, shape, device, named)
     return run(MODE_TRACE, Layout(shape, td), dtype, device, x=x, term=done_b, g=g, l=l,
-               init=init, reverse=False, fast=(key, slots))
+               init=init, reverse=False, fast=(key, slots), out=out)
 
 
-def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-1):
+def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-1, out=None):
     r"""Accumulating eligibility traces (Sutton & Barto 2018, sec. 12.2), forward in time.
 
     .. math::
@@ -485,6 +549,8 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-
         gamma, lmbda: floats in [0, 1] or tensors broadcastable to ``done``.
         init: optional z_{-1}, x's shape without the time axis.
         time_dim: the time axis, indexing ``x``.
+        out: optional tensor of x's shape to write z into (returned as is): as
+            :func:`gae`'s ``out``, one tensor.
 
     Example::
 
@@ -496,24 +562,29 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
         return _ops.call("eligibility_traces", dict(
-            x=x, done=done, gamma=gamma, lmbda=lmbda, init=init, time_dim=time_dim))
+            x=x, done=done, gamma=gamma, lmbda=lmbda, init=init, time_dim=time_dim), out)
+    if out is not None:
+        _no_grad_out("eligibility_traces", out, x, init)
     if _autograd.wants_grad(x, init):
         def call(x_, i):
             return eligibility_traces(x_, done, gamma=gamma, lmbda=lmbda, init=i,
                                       time_dim=time_dim)
 
         return _autograd.forward_scan(call, time_dim, x, init, done, gamma, lmbda)
-    return _forward_family(x, done, gamma, lmbda, init, time_dim, True)
+    return _forward_family(x, done, gamma, lmbda, init, time_dim, True, out)
 
 
-def episodic_cumsum(x, done, *, init=None, time_dim=-1):
+def episodic_cumsum(x, done, *, init=None, time_dim=-1, out=None):
     r"""Running sum within episodes (episode return or length so far), forward in time.
 
     .. math::
 
         C_t = x_t + (1 - \mathrm{done}_{t-1}) C_{t-1}, \quad C_{-1} = \mathrm{init}
 
-    Shapes as :func:`eligibility_traces`.
+    Args:
+        x, done, init, time_dim: as :func:`eligibility_traces`.
+        out: optional tensor of x's shape to write C into (returned as is): as
+            :func:`gae`'s ``out``, one tensor.
 
     Example::
 
@@ -523,16 +594,19 @@ def episodic_cumsum(x, done, *, init=None, time_dim=-1):
         tensor([1., 2., 3., 1., 2.])
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("episodic_cumsum", dict(x=x, done=done, init=init, time_dim=time_dim))
+        return _ops.call("episodic_cumsum", dict(x=x, done=done, init=init, time_dim=time_dim),
+                         out)
+    if out is not None:
+        _no_grad_out("episodic_cumsum", out, x, init)
     if _autograd.wants_grad(x, init):
         def call(x_, i):
             return episodic_cumsum(x_, done, init=i, time_dim=time_dim)
 
         return _autograd.forward_scan(call, time_dim, x, init, done, 1.0, 1.0)
-    return _forward_family(x, done, 1.0, 1.0, init, time_dim, False)
+    return _forward_family(x, done, 1.0, 1.0, init, time_dim, False, out)
 
 
-def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1):
+def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1, out=None):
     r"""The primitive: a first-order linear recurrence along ``time_dim``.
 
     .. math::
@@ -545,6 +619,15 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1):
     broadcasts to alpha. (alpha, beta) pairs compose associatively, which is
     what lets one kernel run every estimator in parallel over time.
 
+    Args:
+        alpha: ``[..., T, ...]``, time axis at ``time_dim``.
+        beta: broadcastable to alpha.
+        reverse: True for the backward-in-time recurrence, False for the forward one.
+        init: optional h_T (reverse) or h_{-1} (forward), alpha's shape without time.
+        time_dim: the time axis.
+        out: optional tensor of alpha's shape to write h into (returned as is): as
+            :func:`gae`'s ``out``, one tensor.
+
     Example::
 
         >>> import torch
@@ -554,17 +637,20 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1):
     """
     if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
         return _ops.call("linear_recurrence", dict(
-            alpha=alpha, beta=beta, reverse=reverse, init=init, time_dim=time_dim))
+            alpha=alpha, beta=beta, reverse=reverse, init=init, time_dim=time_dim), out)
+    if out is not None:
+        _no_grad_out("linear_recurrence", out, alpha, beta, init)
     if _autograd.wants_grad(alpha, beta, init):
         def call(a, b, i):
             return linear_recurrence(a, b, reverse=reverse, init=i, time_dim=time_dim)
 
         return _autograd.linear_recurrence(call, time_dim, reverse, alpha, beta, init)
-    slots = (alpha, beta, None, None, None, None, init, None, None, None, None, None, None)
+    slots = (alpha, beta, None, None, None, None, init, None, None, None, None, None, None,
+             *_fastpath.out_slots(out, False))
     key = _fastpath.key_of((MODE_LINREC, time_dim, reverse), slots)
-    out = _fastpath.lookup(key, slots)
-    if out is not None:
-        return out
+    hit = _fastpath.lookup(key, slots)
+    if hit is not None:
+        return hit
     alpha = check.tensor("alpha", alpha)
     beta = check.tensor("beta", beta)
     reverse = check.flag("reverse", reverse)
@@ -576,7 +662,10 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1):
         check.broadcastable("init", init, shape[:td] + shape[td + 1 :],
                             "alpha's shape without the time axis")
     dtype = check.data_dtype([("alpha", alpha), ("beta", beta), ("init", init)])
-    device = check.same_device([("alpha", alpha), ("beta", beta), ("init", init)])
+    named = [("alpha", alpha), ("beta", beta), ("init", init)]
+    device = check.same_device(named)
+    if out is not None:
+        out = check.outputs(out, False, shape, device, named)
     return run(MODE_LINREC, Layout(shape, td), dtype, device, x=alpha, v=beta, init=init,
-               reverse=reverse, fast=(key, slots))
+               reverse=reverse, fast=(key, slots), out=out)
 
