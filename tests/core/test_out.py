@@ -131,8 +131,15 @@ def _check_values(got, want, expected, data_dtype, out_dtype, ctx):
     """``got`` (in out_dtype) against the call without out (``want``) and the float64
     reference (``expected``, or None)."""
     assert got.dtype == out_dtype and got.shape == want.shape, ctx
-    if out_dtype == data_dtype:
+    if out_dtype == data_dtype and got.device.type != "cuda":
         assert torch.equal(got, want), f"{ctx}: differs from the call without out"
+    elif out_dtype == data_dtype:
+        # on the GPU another out layout is another kernel specialisation, whose code may
+        # contract multiply-adds differently (seen: 1-ulp differences in V-trace's pg)
+        eps = 8 * torch.finfo(out_dtype).eps
+        scale = max(1.0, want.double().abs().max().item())
+        torch.testing.assert_close(got, want, rtol=eps, atol=eps * scale,
+                                   msg=f"{ctx}: differs from the call without out")
     else:
         coarse = out_dtype if TOL[out_dtype] > TOL[data_dtype] else data_dtype
         tol = TOL[coarse] * max(1.0, want.double().abs().max().item())
