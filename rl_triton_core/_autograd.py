@@ -205,6 +205,7 @@ def _returns_backward_fused(ctx, grads, terminated, truncated, dtype):
     gradients and the flags and writes dL/drewards (= u) and, for shifted values,
     dL/dvalues; the other gradients are O(N) (bootstrap) or one elementwise pass
     (explicit next values)."""
+    from rl_triton_core import _fastpath
     from rl_triton_core import _validate as check
     from rl_triton_core._dispatch import run
     from rl_triton_core._layout import Layout
@@ -216,13 +217,20 @@ def _returns_backward_fused(ctx, grads, terminated, truncated, dtype):
     # autograd materialises the gradient of an unused output as zeros (never None here)
     g0 = grads[0]
     g_target = grads[1] if ctx.gae else None
-    g, l = (check.coefficient(n, c, shape) for n, c in zip(("gamma", "lmbda"), ctx.coef))
-    g = (g[0], None if g[1] is None else g[1].detach())
-    l = (l[0], None if l[1] is None else l[1].detach())
     shifted_values = has_v and not has_nv
-    out = run(MODE_GAE_BWD if ctx.gae else MODE_TD_BWD, Layout(shape, td), dtype, device,
-              x=g0, v=g_target, term=terminated, trunc=truncated, g=g, l=l, reverse=False,
-              two_out=shifted_values)
+    mode = MODE_GAE_BWD if ctx.gae else MODE_TD_BWD
+    # the cached launch, as the forward's: a training loop repeats the same shapes
+    slots = (g0, g_target, None, terminated, truncated, None, None, None, *ctx.coef,
+             None, None, None, None, None)
+    key = _fastpath.key_of((mode, td, shifted_values, dtype), slots)
+    out = _fastpath.lookup(key, slots)
+    if out is None:
+        g, l = (check.coefficient(n, c, shape) for n, c in zip(("gamma", "lmbda"), ctx.coef))
+        g = (g[0], None if g[1] is None else g[1].detach())
+        l = (l[0], None if l[1] is None else l[1].detach())
+        out = run(mode, Layout(shape, td), dtype, device, x=g0, v=g_target, term=terminated,
+                  trunc=truncated, g=g, l=l, reverse=False, two_out=shifted_values,
+                  fast=(key, slots))
     u, g_values = out if shifted_values else (out, None)
     g_next = g_boot = None
     if has_nv or has_boot:
