@@ -13,6 +13,7 @@ compiled kernels' launcher. Nothing here reads tensor data: no host synchronisat
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import struct
@@ -84,6 +85,7 @@ def lookup(key, slots):
     return plan(slots)
 
 
+@functools.lru_cache(maxsize=256)  # a training loop passes the same few coefficients
 def split(value: float):
     """A float as two float32s (hi, lo) with hi + lo == value to ~48 bits: the kernel
     takes float32 scalars and rebuilds float64 ones from the pair (every scalar
