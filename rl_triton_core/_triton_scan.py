@@ -84,6 +84,24 @@ def _column(h, cols, idx):
 
 
 @triton.jit
+def _step(TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, G, sg1, sg2, sgt, gamma,
+          L, sl1, sl2, slt, lmbda, o1, o2, tt, m_flags, m_coef,
+          HAS_TRUNC: tl.constexpr, G_TENSOR: tl.constexpr, L_TENSOR: tl.constexpr,
+          FP64: tl.constexpr):
+    """(terminated, done, gamma, lambda) of step ``tt`` (t, or t-1 in the forward scans)."""
+    term = _ld(TERM, o1, o2, tt, sa1, sa2, sat, m_flags, FP64)
+    if HAS_TRUNC:
+        done = tl.maximum(term, _ld(TRUNC, o1, o2, tt, sb1, sb2, sbt, m_flags, FP64))
+    else:
+        done = term
+    if G_TENSOR:
+        gamma = _ld(G, o1, o2, tt, sg1, sg2, sgt, m_coef, FP64)
+    if L_TENSOR:
+        lmbda = _ld(L, o1, o2, tt, sl1, sl2, slt, m_coef, FP64)
+    return term, done, gamma, lmbda
+
+
+@triton.jit
 def _coefficients(
     X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
     TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, boot,
@@ -124,27 +142,19 @@ def _coefficients(
     elif MODE == 3:
         # forward trace: decay of z_{t-1} uses the transition out of step t-1
         tp = tl.maximum(t - 1, 0)
-        mp = m & (t >= 1)
-        notdone = 1.0 - _ld(TERM, o1, o2, tp, sa1, sa2, sat, mp, FP64)
-        if G_TENSOR:
-            gamma = _ld(G, o1, o2, tp, sg1, sg2, sgt, m, FP64)
-        if L_TENSOR:
-            lmbda = _ld(L, o1, o2, tp, sl1, sl2, slt, m, FP64)
-        return x, gamma * lmbda * notdone, x, zero, zero, zero, no
+        term_p, done_p, gamma, lmbda = _step(
+            TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, G, sg1, sg2, sgt, gamma,
+            L, sl1, sl2, slt, lmbda, o1, o2, tp, m & (t >= 1), m,
+            HAS_TRUNC, G_TENSOR, L_TENSOR, FP64)
+        return x, gamma * lmbda * (1.0 - done_p), x, zero, zero, zero, no
     elif MODE == 6 or MODE == 7:
         # adjoint of GAE / TD(lambda): X = dL/dadvantages or dL/dreturns, V = dL/dtargets
         # (GAE); every coefficient is the forward's at t-1 (0 at t = 0)
         tp = tl.maximum(t - 1, 0)
-        mp = m & (t >= 1)
-        term_p = _ld(TERM, o1, o2, tp, sa1, sa2, sat, mp, FP64)
-        if HAS_TRUNC:
-            done_p = tl.maximum(term_p, _ld(TRUNC, o1, o2, tp, sb1, sb2, sbt, mp, FP64))
-        else:
-            done_p = term_p
-        if G_TENSOR:
-            gamma = _ld(G, o1, o2, tp, sg1, sg2, sgt, mp, FP64)
-        if L_TENSOR:
-            lmbda = _ld(L, o1, o2, tp, sl1, sl2, slt, mp, FP64)
+        term_p, done_p, gamma, lmbda = _step(
+            TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, G, sg1, sg2, sgt, gamma,
+            L, sl1, sl2, slt, lmbda, o1, o2, tp, m & (t >= 1), m,
+            HAS_TRUNC, G_TENSOR, L_TENSOR, FP64)
         if HAS_V:
             gt = _ld(V, o1, o2, t, sv1, sv2, svt, m, FP64)
         else:
@@ -160,15 +170,9 @@ def _coefficients(
                 no)
     else:
         # rewards = X; terminated/truncated step-aligned; V' explicit or shifted
-        term = _ld(TERM, o1, o2, t, sa1, sa2, sat, m, FP64)
-        if HAS_TRUNC:
-            done = tl.maximum(term, _ld(TRUNC, o1, o2, t, sb1, sb2, sbt, m, FP64))
-        else:
-            done = term
-        if G_TENSOR:
-            gamma = _ld(G, o1, o2, t, sg1, sg2, sgt, m, FP64)
-        if L_TENSOR:
-            lmbda = _ld(L, o1, o2, t, sl1, sl2, slt, m, FP64)
+        term, done, gamma, lmbda = _step(
+            TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, G, sg1, sg2, sgt, gamma,
+            L, sl1, sl2, slt, lmbda, o1, o2, t, m, m, HAS_TRUNC, G_TENSOR, L_TENSOR, FP64)
         if HAS_V:
             v = _ld(V, o1, o2, t, sv1, sv2, svt, m, FP64)
         else:

@@ -116,3 +116,33 @@ def pytest_runtest_makereport(item, call):
     if s is not None and report.failed:
         report.sections.append(("random seed", f"rerun with RL_TEST_SEED={s}"))
     return report
+
+
+@pytest.fixture
+def captured_launches(monkeypatch):
+    """The cached launch on CPU tensors, in the interpreter: plans are recorded as on
+    CUDA and replayed with the kernel launch captured instead of run. ``full``: the
+    argument lists the full path launched with; ``modes``: their MODEs; ``replayed``:
+    the argument lists the plans handed to the launcher."""
+    import types
+
+    if not TRITON_INTERPRET:
+        pytest.skip("interpreter only (the GPU tests run the cached launch for real)")
+    from rl_triton_core import _fastpath, _triton_scan
+
+    monkeypatch.setenv(BACKEND_ENV, "triton")
+    monkeypatch.setattr(_fastpath, "CPU_PLANS", True)
+    monkeypatch.setattr(_fastpath, "_PLANS", {})
+    cap = types.SimpleNamespace(full=[], modes=[], replayed=[])
+    real = _triton_scan.launch
+
+    def spy(*a, **k):
+        res = real(*a, **k)
+        cap.full.append(list(res[0]))
+        cap.modes.append(a[4])
+        return res
+
+    monkeypatch.setattr(_triton_scan, "launch", spy)
+    monkeypatch.setattr(_fastpath.Plan, "_launch",
+                        lambda self, args, device: cap.replayed.append(list(args)))
+    return cap

@@ -259,45 +259,24 @@ def test_double_backward_linear_recurrence(monkeypatch):
 
 @pytest.mark.parametrize("case", ["gae_shifted", "gae_next_values", "lambda_shifted",
                                   "discounted"])
-def test_fused_backward_replays_a_cached_launch(case, seed, monkeypatch):
+def test_fused_backward_replays_a_cached_launch(case, seed, captured_launches):
     """The Triton backward records a plan on its first call and replays it with the
     full path's arguments (CPU: the launch captured; the GPU tests run it for real)."""
-    import os
-
-    from rl_triton_core import _fastpath, _triton_scan
-
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("interpreter only")
-    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    monkeypatch.setattr(_fastpath, "CPU_PLANS", True)
-    monkeypatch.setattr(_fastpath, "_PLANS", {})
-    full, replayed = [], []
-    real_launch = _triton_scan.launch
-
-    def spy(*a, **k):
-        res = real_launch(*a, **k)
-        full.append((a[4], list(res[0])))  # (mode, args)
-        return res
-
-    monkeypatch.setattr(_triton_scan, "launch", spy)
+    cap = captured_launches
     fn, wrt = CASES[case]
     d = _inputs(seed, (3, 20), -1, "cpu")
     weights = None
-    for trial in range(3):
-        if trial == 1:  # from now on the plans replay (the launch is captured)
-            monkeypatch.setattr(_fastpath.Plan, "_launch",
-                                lambda self, args, device: replayed.append(list(args)))
-            n_full = len(full)
+    for _ in range(3):  # the first call of each launch records its plan, the others replay
         xs = [d[k].clone().requires_grad_(True) for k in wrt.split()]
         out = fn(rc, dict(d, **dict(zip(wrt.split(), xs))), -1)
         out = out if isinstance(out, tuple) else (out,)
         if weights is None:
             weights = [torch.randn_like(o) for o in out]
         torch.autograd.grad(out, xs, weights, allow_unused=True)
-    assert len(full) == n_full == 2  # forward and backward, once each
-    bwd_full = [a for m, a in full if m >= 6]
-    assert len(bwd_full) == 1 and len(replayed) == 4  # 2 forwards + 2 backwards replayed
-    want, got = bwd_full[0], replayed[-1]
+    assert len(cap.full) == 2  # forward and backward, once each
+    bwd_full = [a for m, a in zip(cap.modes, cap.full) if m >= 6]
+    assert len(bwd_full) == 1 and len(cap.replayed) == 4  # 2 forwards + 2 backwards
+    want, got = bwd_full[0], cap.replayed[-1]
     assert len(want) == len(got)
     for pos, (w, g) in enumerate(zip(want, got)):
         if not isinstance(w, torch.Tensor):

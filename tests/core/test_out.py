@@ -16,7 +16,7 @@ from core_testlib import TOL, bernoulli, uniform
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
-from rl_triton_core import _fastpath, _triton_scan
+from rl_triton_core import _fastpath
 
 LEAD, T, A, F = (2, 3), 9, 3, 2  # two lead axes: a permuted out cannot merge them
 TWO_OUT = {"gae", "vtrace"}
@@ -363,27 +363,10 @@ def test_out_under_torch_compile(monkeypatch):
 
 @pytest.mark.parametrize("name", ["gae", "vtrace", "lambda_returns", "episodic_cumsum",
                                   "linear_recurrence"])
-def test_cached_plan_writes_into_out(name, gen, monkeypatch):
+def test_cached_plan_writes_into_out(name, gen, monkeypatch, captured_launches):
     """The cached launch (CUDA; replayed here on the CPU with the launch captured) hands
     the kernel the caller's out tensors, allocates none, and is keyed on their layout."""
-    import os
-
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("interpreter only (the GPU test runs the cached launch for real)")
-    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    monkeypatch.setattr(_fastpath, "CPU_PLANS", True)
-    monkeypatch.setattr(_fastpath, "_PLANS", {})
-    full_args, plan_args = [], []
-    real_launch = _triton_scan.launch
-
-    def spy(*a, **k):
-        res = real_launch(*a, **k)
-        full_args.append(list(res[0]))
-        return res
-
-    monkeypatch.setattr(_triton_scan, "launch", spy)
-    monkeypatch.setattr(_fastpath.Plan, "_launch", lambda self, args, device: plan_args.append(
-        list(args)))
+    full_args, plan_args = captured_launches.full, captured_launches.replayed
     fn = getattr(rc, name)
     n = 2 if name in TWO_OUT else 1
 

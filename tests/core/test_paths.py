@@ -93,28 +93,12 @@ _NEW_SCALARS = {"gamma": 0.93, "lmbda": 0.71, "rho_bar": 0.8, "c_bar": 1.7}
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_cached_plan_rebuilds_the_full_paths_arguments(name, gen, monkeypatch):
+def test_cached_plan_rebuilds_the_full_paths_arguments(name, gen, monkeypatch,
+                                                       captured_launches):
     """The cached launch hands the kernel the same arguments as the full path, also
     after the scalar coefficients change (float32 hi/lo pairs). Checked on the CPU
     with the launch captured; the GPU tests run it for real."""
-    import os
-
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("interpreter only (test_cuda_cached_launch runs it on the GPU)")
-    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    monkeypatch.setattr(_fastpath, "CPU_PLANS", True)
-    monkeypatch.setattr(_fastpath, "_PLANS", {})
-    full_args, plan_args = [], []
-    real_launch = _triton_scan.launch
-
-    def spy(*a, **k):
-        res = real_launch(*a, **k)
-        full_args.append(list(res[0]))
-        return res
-
-    monkeypatch.setattr(_triton_scan, "launch", spy)
-    monkeypatch.setattr(_fastpath.Plan, "_launch", lambda self, args, device: plan_args.append(
-        list(args)))
+    full_args, plan_args = captured_launches.full, captured_launches.replayed
     fn, _, args, kw = CASES[name](*_inputs(gen, (3, 40), "cpu"))
     fn(*args, **kw)  # the full path records the plan
     assert len(full_args) == 1 and len(_fastpath._PLANS) == 1
