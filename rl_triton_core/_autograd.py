@@ -233,19 +233,21 @@ def _returns_backward_fused(ctx, grads, terminated, truncated, dtype):
                   fast=(key, slots))
     u, g_values = out if shifted_values else (out, None)
     g_next = g_boot = None
-    if has_nv or has_boot:
+    if has_nv:  # dL/dV'_t = a_t u_t
         gamma, lmbda = (_coef(c, dtype, device) for c in ctx.coef)
         term, done = _flags(terminated, truncated, dtype)
-        if has_nv:  # dL/dV'_t = a_t u_t
-            a = gamma * (1.0 - term)
-            if not ctx.gae:
-                c = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
-                a = a * (1.0 - lmbda * c)
-            g_next = torch.broadcast_to(a * u, shape)
-        else:  # V'_{T-1} = bootstrap_value: a_{T-1} = gamma_{T-1} (1 - term_{T-1}) in both
-            last = shape[td] - 1
-            a = torch.broadcast_to(gamma * (1.0 - term), shape).select(td, last)
-            g_boot = (a * u.select(td, last)).sum_to_size(ctx.boot_shape)
+        a = gamma * (1.0 - term)
+        if not ctx.gae:
+            c = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
+            a = a * (1.0 - lmbda * c)
+        g_next = torch.broadcast_to(a * u, shape)
+    elif has_boot:  # V'_{T-1} = bootstrap_value: a_{T-1} = gamma_{T-1} (1 - term_{T-1}) in both
+        last = shape[td] - 1  # only the last step is read: O(N), not a pass over [N, T]
+        gamma = _coef(ctx.coef[0], dtype, device)
+        if isinstance(gamma, torch.Tensor):
+            gamma = torch.broadcast_to(gamma, shape).select(td, last)
+        term = torch.broadcast_to(terminated, shape).select(td, last).to(dtype)
+        g_boot = (gamma * (1.0 - term) * u.select(td, last)).sum_to_size(ctx.boot_shape)
     if has_v and g_values is None:
         if ctx.gae:
             g_values = -u if g_target is None else g_target.to(dtype) - u

@@ -17,22 +17,17 @@ import argparse
 import torch
 
 import rl_triton_core as rc
+from rl_triton_core.bench.harness import Timer
+
+_TIMER = Timer("cuda", target_ms=5.0)
 
 
 def _events(fn, k=20, rounds=5):
+    """Back-to-back time per call (the harness's timer), median of ``rounds``."""
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(k):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / k)
-    return sorted(times)[len(times) // 2]
+    times = sorted(_TIMER._b2b(fn, k) for _ in range(rounds))
+    return times[len(times) // 2]
 
 
 def cases(N, T, dev, gen):

@@ -17,7 +17,10 @@ import torch
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
 from rl_triton_core import _fastpath, _triton_scan
+from rl_triton_core.bench.harness import Timer
 from rl_triton_core.bench.peers import make_floor
+
+_TIMER = Timer("cuda", target_ms=5.0)
 
 BM_TILES = [(8, 128, 8), (16, 128, 8), (32, 128, 8), (4, 256, 8), (8, 256, 8), (8, 512, 8),
             (4, 128, 4), (16, 128, 16), (2, 512, 4)]
@@ -25,29 +28,10 @@ TM_TILES = [(32, 128, 8), (32, 32, 8), (64, 16, 8), (128, 8, 8), (128, 32, 8), (
             (64, 64, 8), (128, 16, 4), (512, 8, 16)]
 
 
-def graph_us(fn, calls=20, replays=10):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(replays)]
-    for s, e in ev:
-        s.record()
-        g.replay()
-        e.record()
-    torch.cuda.synchronize()
-    per = sorted(s.elapsed_time(e) * 1e3 / calls for s, e in ev)
-    return per[len(per) // 2]
+def graph_us(fn):
+    """Device time of one call: the harness's CUDA-graph replay."""
+    est = _TIMER._b2b(fn, 10)
+    return _TIMER._graph(fn, est)
 
 
 def inputs(N, T, layout, gen):

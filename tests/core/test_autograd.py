@@ -38,6 +38,9 @@ CASES = {
     "lambda_next_values": (lambda m, d, td: m.lambda_returns(
         d["r"], d["v"], d["te"], d["tr"], next_values=d["n"], gamma=0.9, lmbda=0.6,
         time_dim=td), "r n"),
+    "lambda_gamma_tensor": (lambda m, d, td: m.lambda_returns(
+        d["r"], d["v"], d["te"], d["tr"], bootstrap_value=d["b"], gamma=d["gb"], lmbda=0.6,
+        time_dim=td), "r v b"),
     "discounted": (lambda m, d, td: m.discounted_returns(
         d["r"], d["te"], d["tr"], bootstrap_value=d["b"], gamma=0.9, time_dim=td), "r b"),
     "vtrace_shifted": (lambda m, d, td: m.vtrace(
