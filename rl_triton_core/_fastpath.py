@@ -21,6 +21,8 @@ import struct
 import torch
 from triton import knobs
 
+from rl_triton_core._validate import extent
+
 # the inputs of one call, in this order, as the user passed them, then the out= tensors
 SLOTS = ("x", "v", "nv", "term", "trunc", "boot", "init", "rho", "g", "l", "rb", "cb", "pb",
          "out0", "out1")
@@ -65,11 +67,6 @@ def out_slots(out, two_out):
     if type(out) in (tuple, list) and len(out) == 2:
         return out[0], out[1]
     return _NOT_A_SLOT, _NOT_A_SLOT
-
-
-def _extent(t):
-    """Bytes from data_ptr to one past the last element (constant for a key's metadata)."""
-    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
 def lookup(key, slots):
@@ -229,7 +226,7 @@ def record(key, slots, used, args, ws_spec, launched, out0, out1, like_idx, dtyp
     if user_out:
         for idx, t in enumerate(slots):
             if type(t) is torch.Tensor and t.numel():
-                (plan.out_extents if idx >= _OUT0 else plan.in_extents).append((idx, _extent(t)))
+                (plan.out_extents if idx >= _OUT0 else plan.in_extents).append((idx, extent(t)))
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     try:

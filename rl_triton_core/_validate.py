@@ -114,7 +114,7 @@ def flag(name: str, value) -> bool:
     return value
 
 
-def _extent(t: torch.Tensor) -> int:
+def extent(t: torch.Tensor) -> int:
     """Bytes from ``t.data_ptr()`` to one past its last element (0 for an empty tensor)."""
     if t.numel() == 0:
         return 0
@@ -137,7 +137,7 @@ def _internal_overlap(t: torch.Tensor) -> bool:
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the byte ranges of ``a`` and ``b`` intersect (pointers only, no sync)."""
-    ea, eb = _extent(a), _extent(b)
+    ea, eb = extent(a), extent(b)
     if not ea or not eb or a.device != b.device:
         return False
     pa, pb = a.data_ptr(), b.data_ptr()
