@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
 # Logs and tables go to $OUT.
-# usage: bash scripts/gpu_session.sh [tests|quick|bench|all] [bench args...]
+# usage: bash scripts/gpu_session.sh [multigpu|tests|backward|quick|bench|all] [bench args...]
 set -u
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 what=${1:-all}; shift || true
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" | tee -a "$OUT/gpu.txt"
+if [[ $what == multigpu ]]; then  # needs two GPUs (kind nvidia-h200-x2); NVLink multicast off
+  NCCL_NVLS_ENABLE=0 timeout ${MULTI_TIMEOUT:-240} python -m pytest tests/multigpu -m multigpu -v \
+    -p no:cacheprovider -W ignore > "$OUT/multigpu.log" 2>&1
+  grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/multigpu.log" | tail -40
+fi
 if [[ $what == tests || $what == all ]]; then
   timeout ${TEST_TIMEOUT:-240} python -m pytest tests/core -m gpu -q -n 8 -p no:cacheprovider -W ignore \
     > "$OUT/gpu_tests.log" 2>&1
   grep -E "^FAILED|passed|failed|error" "$OUT/gpu_tests.log" | tail -25
+fi
+if [[ $what == backward || $what == all ]]; then
+  timeout ${BACKWARD_TIMEOUT:-150} python scripts/backward_bench.py --out "$OUT/backward.md" > "$OUT/backward.log" 2>&1
+  tail -30 "$OUT/backward.md"
 fi
 if [[ $what == quick || $what == all ]]; then
   timeout ${QUICK_TIMEOUT:-200} python -m rl_triton_core.bench --no-peers --out "$OUT/kernels" \
