@@ -210,7 +210,7 @@ def record(key, slots, used, args, ws_spec, launched, out0, out1, like_idx, dtyp
             if pos > 1 and all(p != pos for p, _ in plan.tensor_pos):
                 plan.dummy_pos.append(pos)
     plan.ws_spec = ws_spec
-    plan.ws_pos = len(args) - 6
+    plan.ws_pos = len(args) - 7  # WS, N, N2, T, SEG_LEN, S, UNIT
     if ws_spec is not None and plan.ws_pos in plan.dummy_pos:
         plan.dummy_pos.remove(plan.ws_pos)
     plan.template = template

@@ -229,7 +229,7 @@ def _coefficients(
             return alpha, beta, v, zero, zero, zero, no
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["UNIT"])
 def scan_kernel(
     OUT0, OUT1, so1, so2, sot,
     X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
@@ -238,12 +238,12 @@ def scan_kernel(
     RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb_hi, rb_lo, CB, scb1, scb2, scbt, cb_hi, cb_lo,
     PB, spb1, spb2, spbt, pb_hi, pb_lo,
     INIT, si1, si2, WS,
-    N, N2, T, SEG_LEN, S,
+    N, N2, T, SEG_LEN, S, UNIT,
     MODE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr,
     HAS_V: tl.constexpr, HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr, HAS_BOOT: tl.constexpr,
     G_TENSOR: tl.constexpr, L_TENSOR: tl.constexpr, HAS_INIT: tl.constexpr,
     RB_TENSOR: tl.constexpr, CB_TENSOR: tl.constexpr, PB_TENSOR: tl.constexpr,
-    TWO_OUT: tl.constexpr, FP64: tl.constexpr,
+    TWO_OUT: tl.constexpr, FP64: tl.constexpr, SCALAR_N: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -252,6 +252,13 @@ def scan_kernel(
     nmask = n < N
     n1 = n // N2
     n2 = n % N2
+    if SCALAR_N:
+        # time-major: UNIT (= 1, unknown to the compiler) hides that streams are
+        # contiguous, so every load is one element per thread with threads along the
+        # streams and each thread holding its stream's BLOCK_T steps: the scan then runs
+        # in registers, with no layout conversion (byte flags included)
+        n1 = tl.max_contiguous(tl.multiple_of(n1 * UNIT, 1), 2)
+        n2 = tl.max_contiguous(tl.multiple_of(n2 * UNIT, 1), 2)
     o1 = n1[:, None]
     o2 = n2[:, None]
     nm2 = nmask[:, None]
@@ -365,8 +372,9 @@ def scan_kernel(
 _SM_COUNT: dict = {}
 # Tests set this to force the segmented (parallel-over-time) path on small shapes.
 FORCE_SEGMENT_LEN: int | None = None
-# Tile sweeps (scripts/tile_sweep.py) set this to (BLOCK_N, BLOCK_T, num_warps).
+# Tile sweeps (scripts/tile_sweep.py) set this to (BLOCK_N, BLOCK_T, num_warps[, SCALAR_N]).
 TILE_OVERRIDE: tuple | None = None
+TM_STEPS = 16  # steps per thread and chunk of the time-major (thread-per-stream) tiles
 
 
 def _sm_count(device) -> int:
@@ -383,20 +391,23 @@ def _sm_count(device) -> int:
 
 def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
           elem_bytes: int = 4):
-    """Tile shape, warps and time segmentation: (BLOCK_N, BLOCK_T, SEG_LEN, S, num_warps).
+    """Tile shape, warps and time segmentation:
+    (BLOCK_N, BLOCK_T, SEG_LEN, S, num_warps, SCALAR_N).
 
     Batch-major data (time contiguous): one warp per stream row and a chunk of
     32 x VEC steps (VEC = 16 bytes of the data type: one vector load per thread
     and tensor), so the scan runs in registers and warp shuffles, without shared
     memory. Measured on the H200 (docs/notes.md, tile sweep): 8 rows x 8 warps
     for GAE / TD(lambda), 4 x 4 for the others. Time-major data (streams
-    contiguous): 32 streams per tile and up to 128 steps, the best of the sweep.
-    When the tiles cannot fill the GPU (few streams), time is split into
+    contiguous): one thread per stream (SCALAR_N), each holding BLOCK_T steps, so
+    a warp's loads are one coalesced row per step and the scan is sequential in
+    registers. When the tiles cannot fill the GPU (few streams), time is split into
     segments of whole chunks: two passes over the inputs, one over the outputs.
     """
     tp = triton.next_power_of_2(max(T, 1))
     np2 = triton.next_power_of_2(max(N, 1))
     vec = max(1, 16 // elem_bytes)
+    scalar_n = not time_contiguous
     if time_contiguous:
         num_warps = 8 if mode in (MODE_GAE, MODE_TDLAMBDA) else 4
         block_t = max(16, min(tp, 32 * vec))
@@ -404,11 +415,13 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
         if block_n > np2:  # a stream or two: several warps per row, VEC steps per thread
             block_t = max(16, min(tp, 32 * vec * num_warps // block_n))
     else:
-        block_n = max(2, min(np2, 32))
-        block_t = max(16, min(tp, 4096 // block_n))
-        num_warps = 8 if block_n * block_t >= 4096 else 4
+        num_warps = 4 if np2 >= 128 * 8 else 1
+        block_n = 32 * num_warps
+        block_t = max(16, min(tp, TM_STEPS))
     if TILE_OVERRIDE is not None:
-        block_n, block_t, num_warps = TILE_OVERRIDE
+        block_n, block_t, num_warps = TILE_OVERRIDE[:3]
+        if len(TILE_OVERRIDE) > 3:
+            scalar_n = TILE_OVERRIDE[3]
     if FORCE_SEGMENT_LEN is not None:  # tests: FORCE_SEGMENT_LEN is a power of two >= 16
         block_t = max(16, min(block_t, FORCE_SEGMENT_LEN))
     n_blocks = triton.cdiv(N, block_n)
@@ -425,7 +438,7 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
     S = max(1, triton.cdiv(T, seg))
     if S == 1:
         seg = max(T, 1)
-    return block_n, block_t, seg, S, num_warps
+    return block_n, block_t, seg, S, num_warps, scalar_n
 
 
 # The kernel's input slots in argument order, with their argument counts: a
@@ -446,7 +459,7 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
     import torch
 
     device = out0.device
-    block_n, block_t, seg, S, num_warps = _plan(N, T, time_contiguous, device, mode,
+    block_n, block_t, seg, S, num_warps, scalar_n = _plan(N, T, time_contiguous, device, mode,
                                                 out0.element_size())
     dummy = out0
     args = [out0, out1 if out1 is not None else out0, *so]
@@ -460,7 +473,7 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
         HAS_TRUNC=trunc[0] is not None, HAS_BOOT=boot[0] is not None,
         G_TENSOR=g[0] is not None, L_TENSOR=l[0] is not None, HAS_INIT=init[0] is not None,
         RB_TENSOR=rb[0] is not None, CB_TENSOR=cb[0] is not None, PB_TENSOR=pb[0] is not None,
-        TWO_OUT=two_out, FP64=fp64, BLOCK_N=block_n, BLOCK_T=block_t,
+        TWO_OUT=two_out, FP64=fp64, SCALAR_N=scalar_n, BLOCK_N=block_n, BLOCK_T=block_t,
         BLOCK_S=max(2, triton.next_power_of_2(S)),
     )
     grid = (triton.cdiv(N, block_n), S)
@@ -472,7 +485,7 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
         phases = (1, 2)
         ws_spec = ((2, S, N), torch.float64 if fp64 else torch.float32)
         ws = torch.empty(ws_spec[0], device=device, dtype=ws_spec[1])
-    args += [ws, N, N2, T, seg, S]
+    args += [ws, N, N2, T, seg, S, 1]
     launched = []
     for phase in phases:
         kernel = scan_kernel[grid](*args, PHASE=phase, **flags, num_warps=num_warps)

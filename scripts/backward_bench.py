@@ -6,8 +6,10 @@ For each differentiable estimator and shape: the forward call without autograd,
 the forward call that records the graph, and ``torch.autograd.grad`` of a weighted
 sum of the outputs w.r.t. the float inputs, each as back-to-back time (CUDA events
 around 20 calls, median of 5 rounds; it includes the host's launch cost where that
-is longer than the GPU work). The gradients' correctness is the tests' job
-(tests/core/test_autograd.py: gradcheck and the float64 reference).
+is longer than the GPU work), and the kernels' own time per call (the sum of the
+kernel durations torch.profiler records: the device work without the host). The
+gradients' correctness is the tests' job (tests/core/test_autograd.py: gradcheck and
+the float64 reference).
 """
 
 from __future__ import annotations
@@ -51,15 +53,47 @@ def cases(N, T, dev, gen):
     return out
 
 
+def _kernel_us(fn, calls=10):
+    """GPU time per call: the sum of the kernels' durations (torch.profiler), so the
+    host's launch cost is left out -- the comparison of the kernels' own work."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / calls
+
+
+def _profile(name, shape, fn, calls=20):
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    print(f"# profile: {name} {shape} backward, {calls} calls")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="")
-    p.add_argument("--shapes", default="4096x128,16384x512")
+    p.add_argument("--shapes", default="4096x128,16384x512,65536x1024")
+    p.add_argument("--profile", default="", help="an estimator whose backward to profile "
+                   "(torch.profiler: the ops and kernels of one call, host and device time)")
     a = p.parse_args()
     dev = "cuda"
     gen = torch.Generator().manual_seed(0)
     lines = ["| estimator | shape | forward us | forward + graph us | backward us "
-             "| backward / forward |", "|---|---|---|---|---|---|"]
+             "| backward / forward | forward kernels us | backward kernels us "
+             "| backward / forward (kernels) |", "|---|---|---|---|---|---|---|---|---|"]
     for shape in a.shapes.split(","):
         N, T = (int(x) for x in shape.split("x"))
         for name, (fn, xs) in cases(N, T, dev, gen).items():
@@ -67,11 +101,12 @@ def main():
             try:
                 out = fn(*leaves)
             except Exception as e:  # noqa: BLE001 - an estimator without a backward yet
-                lines.append(f"| {name} | {shape} | - | - | - | n/a: {type(e).__name__} |")
+                lines.append(f"| {name} | {shape} | - | - | - | n/a: {type(e).__name__} "
+                             "| - | - | - |")
                 continue
             outs = out if isinstance(out, tuple) else (out,)
             if not any(o.requires_grad for o in outs):
-                lines.append(f"| {name} | {shape} | - | - | - | n/a: no backward |")
+                lines.append(f"| {name} | {shape} | - | - | - | n/a: no backward | - | - | - |")
                 continue
             ws = [torch.randn_like(o) for o in outs]
 
@@ -86,11 +121,14 @@ def main():
                 return torch.autograd.grad(outs, leaves, ws, retain_graph=True,
                                            allow_unused=True)
 
+            if a.profile == name:
+                _profile(name, shape, bwd)
             t_f = _events(fwd_nograd)
             t_fg = _events(fwd_graph)
             t_b = _events(bwd)
+            k_f, k_b = _kernel_us(fwd_nograd), _kernel_us(bwd)
             lines.append(f"| {name} | {shape} | {t_f:.1f} | {t_fg:.1f} | {t_b:.1f} | "
-                         f"{t_b / t_f:.2f}x |")
+                         f"{t_b / t_f:.2f}x | {k_f:.1f} | {k_b:.1f} | {k_b / k_f:.2f}x |")
             print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     print(text)

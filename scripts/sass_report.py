@@ -76,6 +76,9 @@ def compile_sm90(args, constexprs, num_warps, base=None):
         if isinstance(a, float):
             signature[name] = "fp32"
             continue
+        if fn.params[i].do_not_specialize:  # as the launcher: a plain i32, no "1" constant
+            signature[name] = "i32"
+            continue
         ty, spec = native_specialize_impl(BaseBackend, a, False, True, True)
         if ty == "constexpr":
             signature[name] = "constexpr"

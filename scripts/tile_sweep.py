@@ -24,8 +24,10 @@ _TIMER = Timer("cuda", target_ms=5.0)
 
 BM_TILES = [(8, 128, 8), (16, 128, 8), (32, 128, 8), (4, 256, 8), (8, 256, 8), (8, 512, 8),
             (4, 128, 4), (16, 128, 16), (2, 512, 4)]
-TM_TILES = [(32, 128, 8), (32, 32, 8), (64, 16, 8), (128, 8, 8), (128, 32, 8), (256, 16, 8),
-            (64, 64, 8), (128, 16, 4), (512, 8, 16)]
+# time-major: (BLOCK_N, BLOCK_T, num_warps, SCALAR_N); SCALAR_N = one thread per stream
+TM_TILES = [(32, 128, 8, False), (32, 32, 8, False), (32, 16, 1, True), (32, 32, 1, True),
+            (64, 16, 2, True), (128, 16, 4, True), (128, 32, 4, True), (128, 8, 4, True),
+            (256, 16, 8, True)]
 
 
 def graph_us(fn):
@@ -63,6 +65,11 @@ def calls(d, td):
     }
 
 
+def _name(tile):
+    """8x128w8, or 32x16w1s for a thread-per-stream (SCALAR_N) tile."""
+    return f"{tile[0]}x{tile[1]}w{tile[2]}" + ("s" if tile[3:] == (True,) else "")
+
+
 def _tuple(x):
     return x if isinstance(x, tuple) else (x,)
 
@@ -72,6 +79,7 @@ def main():
     p.add_argument("--deadline-s", type=float, default=240)
     p.add_argument("--shapes", default="4096x128,16384x512,1x1048576,256x1024")
     p.add_argument("--estimators", default="gae,vtrace,episodic_cumsum")
+    p.add_argument("--layouts", default="bm,tm")
     p.add_argument("--out", default="")
     a = p.parse_args()
     t_end = time.time() + a.deadline_s
@@ -81,7 +89,7 @@ def main():
              "| all (tile: us) |", "|---|---|---|---|---|---|---|---|"]
     for shape in a.shapes.split(","):
         N, T = (int(x) for x in shape.split("x"))
-        for layout in ("bm", "tm"):
+        for layout in a.layouts.split(","):
             d, td = inputs(N, T, layout, gen)
             cpu = {k: x.cpu() for k, x in d.items()}
             for est, (fn, rfn, (narrow, per_stream, n_out)) in calls(d, td).items():
@@ -117,7 +125,7 @@ def main():
                 _triton_scan.TILE_OVERRIDE = None
                 ok = [r for r in res if r[1] == r[1]]
                 best = min(ok, key=lambda r: r[1]) if ok else (None, float("nan"), "")
-                allt = " ".join(f"{r[0][0]}x{r[0][1]}w{r[0][2]}:{r[1]:.1f}{r[2]}" for r in res)
+                allt = " ".join(f"{_name(r[0])}:{r[1]:.1f}{r[2]}" for r in res)
                 line = (f"| {est} | {shape} | {layout} | {floor:.1f} | {default:.1f} | "
                         f"{best[0]} | {best[1]:.1f} | {allt} |")
                 print(line, flush=True)

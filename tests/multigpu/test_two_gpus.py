@@ -35,6 +35,31 @@ def _calls(dev, seed=0, B=6, T=300):
     }
 
 
+class _kernels_on:
+    """The scan kernels launched inside the block ran on GPU ``index`` (the profiler's
+    record of each kernel: a launch on the current device with another GPU's pointers
+    can still give the right numbers through peer access, so the numbers alone would
+    not show a missing device guard)."""
+
+    def __init__(self, index):
+        from torch.profiler import ProfilerActivity, profile
+
+        self.index = index
+        self.prof = profile(activities=[ProfilerActivity.CUDA])
+
+    def __enter__(self):
+        self.prof.__enter__()
+
+    def __exit__(self, *exc):
+        torch.cuda.synchronize(self.index)
+        self.prof.__exit__(*exc)
+        if exc[0] is None:
+            names = [(e.name, e.device_index) for e in self.prof.events()
+                     if "scan_kernel" in e.name]
+            assert names, "the profiler saw no scan_kernel launch"
+            assert all(i == self.index for _, i in names), names
+
+
 @pytest.mark.parametrize("repeat", [1, 2])  # the second call takes the cached launch path
 @pytest.mark.parametrize("name", list(_calls("cpu")))
 def test_runs_on_the_inputs_device(name, repeat, monkeypatch):
@@ -42,7 +67,8 @@ def test_runs_on_the_inputs_device(name, repeat, monkeypatch):
     torch.cuda.set_device(0)
     for _ in range(repeat):
         args = _calls("cuda:1")[name]
-        out = getattr(rc, name)(*args)
+        with _kernels_on(1):
+            out = getattr(rc, name)(*args)
         want = getattr(ref, name)(*[a.cpu() for a in args])
     out = out if isinstance(out, tuple) else (out,)
     want = want if isinstance(want, tuple) else (want,)
@@ -56,7 +82,8 @@ def test_gradients_on_the_inputs_device():
     r, v, te, tr = _calls("cuda:1")["gae"]
     r = r.clone().requires_grad_(True)
     adv, _ = rc.gae(r, v, te, tr)
-    adv.sum().backward()
+    with _kernels_on(1):  # the fused backward's kernel
+        adv.sum().backward()
     assert r.grad.device == torch.device("cuda:1") and torch.isfinite(r.grad).all()
 
 
