@@ -246,8 +246,13 @@ def _returns_backward_fused(ctx, grads, terminated, truncated, dtype):
         gamma = _coef(ctx.coef[0], dtype, device)
         if isinstance(gamma, torch.Tensor):
             gamma = torch.broadcast_to(gamma, shape).select(td, last)
-        term = torch.broadcast_to(terminated, shape).select(td, last).to(dtype)
-        g_boot = (gamma * (1.0 - term) * u.select(td, last)).sum_to_size(ctx.boot_shape)
+        term = torch.broadcast_to(terminated, shape).select(td, last)
+        g_last = gamma * u.select(td, last)
+        if term.dtype == torch.bool:  # two small kernels, not a cast and three products
+            g_boot = torch.where(term, 0.0, g_last)
+        else:
+            g_boot = (1.0 - term.to(dtype)) * g_last
+        g_boot = g_boot.sum_to_size(ctx.boot_shape)
     if has_v and g_values is None:
         if ctx.gae:
             g_values = -u if g_target is None else g_target.to(dtype) - u

@@ -415,7 +415,7 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
         if block_n > np2:  # a stream or two: several warps per row, VEC steps per thread
             block_t = max(16, min(tp, 32 * vec * num_warps // block_n))
     else:
-        num_warps = 4 if np2 >= 128 * 8 else 1
+        num_warps = 2 if N >= 32768 else 1  # the sweep's best (docs/bench/*-s3-tm-sweep.md)
         block_n = 32 * num_warps
         block_t = max(16, min(tp, TM_STEPS))
     if TILE_OVERRIDE is not None:
