@@ -389,6 +389,25 @@ def _sm_count(device) -> int:
     return sms
 
 
+def _segments(N: int, T: int, block_n: int, block_t: int, device) -> tuple:
+    """(SEG_LEN, S): split time when the stream blocks alone cannot fill the GPU."""
+    if FORCE_SEGMENT_LEN is not None:  # tests: FORCE_SEGMENT_LEN is a power of two >= 16
+        seg = max(block_t, FORCE_SEGMENT_LEN // block_t * block_t)
+    else:
+        # enough programs to keep every SM busy: a few long streams get ~8 per SM
+        n_blocks = triton.cdiv(N, block_n)
+        target = 8 * _sm_count(device)
+        seg = T
+        chunks = triton.cdiv(T, block_t)
+        if n_blocks < target // 4 and chunks > 1:
+            S = min(chunks, triton.cdiv(target, n_blocks), 512)
+            seg = triton.cdiv(chunks, S) * block_t
+    S = max(1, triton.cdiv(T, seg))
+    if S == 1:
+        seg = max(T, 1)
+    return seg, S
+
+
 def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
           elem_bytes: int = 4):
     """Tile shape, warps and time segmentation:
@@ -401,13 +420,16 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
     for GAE / TD(lambda), 4 x 4 for the others. Time-major data (streams
     contiguous): one thread per stream (SCALAR_N), each holding BLOCK_T steps, so
     a warp's loads are one coalesced row per step and the scan is sequential in
-    registers. When the tiles cannot fill the GPU (few streams), time is split into
+    registers -- unless that needs more than 64 time segments (a few very long
+    streams), where the second pass's scan of the segment maps would also be
+    sequential per thread: there, 32 streams x 128 steps over 8 warps.
+    When the tiles cannot fill the GPU (few streams), time is split into
     segments of whole chunks: two passes over the inputs, one over the outputs.
     """
     tp = triton.next_power_of_2(max(T, 1))
     np2 = triton.next_power_of_2(max(N, 1))
     vec = max(1, 16 // elem_bytes)
-    scalar_n = not time_contiguous
+    scalar_n = False
     if time_contiguous:
         num_warps = 8 if mode in (MODE_GAE, MODE_TDLAMBDA) else 4
         block_t = max(16, min(tp, 32 * vec))
@@ -418,26 +440,18 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
         num_warps = 2 if N >= 32768 else 1  # the sweep's best (docs/bench/*-s3-tm-sweep.md)
         block_n = 32 * num_warps
         block_t = max(16, min(tp, TM_STEPS))
+        scalar_n = _segments(N, T, block_n, block_t, device)[1] <= 64
+        if not scalar_n:
+            block_n = max(2, min(np2, 32))
+            block_t = max(16, min(tp, 4096 // block_n))
+            num_warps = 8 if block_n * block_t >= 4096 else 4
     if TILE_OVERRIDE is not None:
         block_n, block_t, num_warps = TILE_OVERRIDE[:3]
         if len(TILE_OVERRIDE) > 3:
             scalar_n = TILE_OVERRIDE[3]
-    if FORCE_SEGMENT_LEN is not None:  # tests: FORCE_SEGMENT_LEN is a power of two >= 16
-        block_t = max(16, min(block_t, FORCE_SEGMENT_LEN))
-    n_blocks = triton.cdiv(N, block_n)
     if FORCE_SEGMENT_LEN is not None:
-        seg = max(block_t, FORCE_SEGMENT_LEN // block_t * block_t)
-    else:
-        # enough programs to keep every SM busy: a few long streams get ~8 per SM
-        target = 8 * _sm_count(device)
-        seg = T
-        chunks = triton.cdiv(T, block_t)
-        if n_blocks < target // 4 and chunks > 1:
-            S = min(chunks, triton.cdiv(target, n_blocks), 512)
-            seg = triton.cdiv(chunks, S) * block_t
-    S = max(1, triton.cdiv(T, seg))
-    if S == 1:
-        seg = max(T, 1)
+        block_t = max(16, min(block_t, FORCE_SEGMENT_LEN))
+    seg, S = _segments(N, T, block_n, block_t, device)
     return block_n, block_t, seg, S, num_warps, scalar_n
 
 
