@@ -242,16 +242,7 @@ def _returns_backward_fused(ctx, grads, terminated, truncated, dtype):
             a = a * (1.0 - lmbda * c)
         g_next = torch.broadcast_to(a * u, shape)
     elif has_boot:  # V'_{T-1} = bootstrap_value: a_{T-1} = gamma_{T-1} (1 - term_{T-1}) in both
-        last = shape[td] - 1  # only the last step is read: O(N), not a pass over [N, T]
-        gamma = _coef(ctx.coef[0], dtype, device)
-        if isinstance(gamma, torch.Tensor):
-            gamma = torch.broadcast_to(gamma, shape).select(td, last)
-        term = torch.broadcast_to(terminated, shape).select(td, last)
-        g_last = gamma * u.select(td, last)
-        if term.dtype == torch.bool:  # two small kernels, not a cast and three products
-            g_boot = torch.where(term, 0.0, g_last)
-        else:
-            g_boot = (1.0 - term.to(dtype)) * g_last
+        g_boot = _boot_grad(ctx.coef[0], terminated, u, shape, td, dtype, device)
         g_boot = g_boot.sum_to_size(ctx.boot_shape)
     if has_v and g_values is None:
         if ctx.gae:
@@ -261,6 +252,21 @@ def _returns_backward_fused(ctx, grads, terminated, truncated, dtype):
     d = ctx.dtype
     return (None, None, None, u.to(d), _cast(g_values, d), _cast(g_next, d), _cast(g_boot, d),
             None, None, None, None)
+
+
+def _boot_grad(gamma, terminated, g, shape, td, dtype, device):
+    """gamma_{T-1} (1 - terminated_{T-1}) g_{T-1}: the gradient reaching V'_{T-1} =
+    bootstrap_value when g is the gradient of the last step's TD error. Only the
+    last step is read: O(N), not a pass over [N, T]."""
+    last = shape[td] - 1
+    gamma = _coef(gamma, dtype, device)
+    if isinstance(gamma, torch.Tensor):
+        gamma = torch.broadcast_to(gamma, shape).select(td, last)
+    term = torch.broadcast_to(terminated, shape).select(td, last)
+    g_last = gamma * g.select(td, last)
+    if term.dtype == torch.bool:  # two small kernels, not a cast and three products
+        return torch.where(term, 0.0, g_last)
+    return (1.0 - term.to(dtype)) * g_last
 
 
 def _cast(g, dtype):
@@ -306,6 +312,9 @@ class _VTrace(torch.autograd.Function):
             boot = torch.zeros(ctx.boot_shape, dtype=out_dtype, device=device) \
                 if has_boot else None
             return None, None, z, z, z if has_nv else None, boot, None, None, None, None
+        if _fused(device) and not has_nv:
+            return _vtrace_backward_fused(ctx, g_vs, g_pg, log_rhos, terminated, truncated,
+                                          dtype)
         gamma, lmbda, rho_bar, c_bar, pg_rho_bar = (_coef(c, dtype, device) for c in ctx.coefs)
         term, done = _flags(terminated, truncated, dtype, shape)
         ratio = log_rhos.detach().to(dtype).exp()
@@ -332,6 +341,44 @@ class _VTrace(torch.autograd.Function):
         d = out_dtype
         return (None, None, g_rewards.to(d), g_values.to(d), _cast(g_next, d), _cast(g_boot, d),
                 None, None, None, None)
+
+
+def _vtrace_backward_fused(ctx, g_vs, g_pg, log_rhos, terminated, truncated, dtype):
+    """_VTrace.backward (shifted values) through the kernel's adjoint mode: one pass
+    reads dL/dvs, dL/dpg, the ratios and the flags and writes dL/drewards and
+    dL/dvalues; the bootstrap value's gradient is O(N)."""
+    from rl_triton_core import _fastpath
+    from rl_triton_core import _validate as check
+    from rl_triton_core._dispatch import run
+    from rl_triton_core._layout import Layout
+    from rl_triton_core._triton_scan import MODE_VTRACE_BWD
+
+    td, shape = ctx.td, log_rhos.shape
+    device = log_rhos.device
+    gamma, lmbda, rho_bar, c_bar, pg_rho_bar = ctx.coefs
+    slots = (g_vs, g_pg, None, terminated, truncated, None, None, log_rhos, gamma, lmbda,
+             rho_bar, c_bar, pg_rho_bar, None, None)
+    key = _fastpath.key_of((MODE_VTRACE_BWD, td, dtype), slots)
+    out = _fastpath.lookup(key, slots)
+    if out is None:
+        def coef(name, c, hi=1.0):
+            value, tensor = check.coefficient(name, c, shape, hi=hi)
+            return value, None if tensor is None else tensor.detach()
+
+        out = run(MODE_VTRACE_BWD, Layout(shape, td), dtype, device, x=g_vs, v=g_pg,
+                  term=terminated, trunc=truncated, g=coef("gamma", gamma),
+                  l=coef("lmbda", lmbda), rho=log_rhos.detach(),
+                  rb=coef("rho_bar", rho_bar, None), cb=coef("c_bar", c_bar, None),
+                  pb=coef("pg_rho_bar", pg_rho_bar, None), reverse=False, two_out=True,
+                  fast=(key, slots))
+    g_rewards, g_values = out
+    g_boot = None
+    if ctx.has[1]:  # V'_{T-1} = bootstrap_value: gamma_{T-1} (1 - term_{T-1}) dL/dr_{T-1}
+        g_boot = _boot_grad(ctx.coefs[0], terminated, g_rewards, shape, td, dtype, device)
+        g_boot = g_boot.sum_to_size(ctx.boot_shape)
+    d = ctx.dtype
+    return (None, None, g_rewards.to(d), g_values.to(d), None, _cast(g_boot, d),
+            None, None, None, None)
 
 
 def vtrace(fn, time_dim, rewards, values, next_values, bootstrap_value, log_rhos, terminated,

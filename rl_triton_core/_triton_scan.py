@@ -33,6 +33,11 @@ MODE_RETRACE = 5  # D_t = delta_t + gamma (1 - done_t) c_{t+1} D_{t+1}; OUT0 = Q
 # (the rewards' gradient); with TWO_OUT, OUT1 = the values' gradient of the shifted form
 MODE_GAE_BWD = 6  # OUT1 = g_target_t - u_t + gamma_{t-1} (1 - term_{t-1}) u_{t-1}
 MODE_TD_BWD = 7  # OUT1 = gamma_{t-1} (1 - term_{t-1}) (1 - lambda_{t-1} c_{t-1}) u_{t-1}
+# adjoint of V-trace (shifted values): X = dL/dvs, V = dL/dpg;
+# u_t = g_vs_t + K_{t-1} + beta_{t-1} u_{t-1}, K_{t-1} = pgrho_{t-1} gamma_{t-1} (1 - done_{t-1})
+# g_pg_{t-1} (pg_{t-1} reads vs_t); OUT0 = dL/drewards = rho_t u_t + pgrho_t g_pg_t,
+# OUT1 = dL/dvalues = g_vs_t - OUT0_t + gamma_{t-1} (1 - term_{t-1}) OUT0_{t-1}
+MODE_VTRACE_BWD = 8
 
 
 @triton.jit
@@ -113,12 +118,13 @@ def _coefficients(
     HAS_BOOT: tl.constexpr, G_TENSOR: tl.constexpr, L_TENSOR: tl.constexpr,
     RB_TENSOR: tl.constexpr, CB_TENSOR: tl.constexpr, PB_TENSOR: tl.constexpr, FP64: tl.constexpr,
 ):
-    """One [BLOCK_N, BLOCK_T] tile: (alpha, beta, v, p0, p1, vnext, cont); boot is
-    [BLOCK_N, 1], V'_{T-1} of the shifted form.
+    """One [BLOCK_N, BLOCK_T] tile: (alpha, beta, v, p0, p1, vnext, cont, extra); boot
+    is [BLOCK_N, 1], V'_{T-1} of the shifted form.
 
     v is the values tile (the second output adds it); p0, p1, vnext and cont
     give V-trace's policy-gradient advantage from D_{t+1}:
-    pg_t = p0 + [cont] p1 (vnext + D_{t+1}).
+    pg_t = p0 + [cont] p1 (vnext + D_{t+1}). The adjoint modes use them for their
+    epilogues' terms (MODE_VTRACE_BWD: extra too).
     """
     if FP64:
         one = tl.full([], 1.0, tl.float64)
@@ -138,7 +144,7 @@ def _coefficients(
     no = t < 0
     if MODE == 0:
         beta = _ld(V, o1, o2, t, sv1, sv2, svt, m, FP64)
-        return x, beta, x, zero, zero, zero, no
+        return x, beta, x, zero, zero, zero, no, zero
     elif MODE == 3:
         # forward trace: decay of z_{t-1} uses the transition out of step t-1
         tp = tl.maximum(t - 1, 0)
@@ -146,7 +152,7 @@ def _coefficients(
             TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, G, sg1, sg2, sgt, gamma,
             L, sl1, sl2, slt, lmbda, o1, o2, tp, m & (t >= 1), m,
             HAS_TRUNC, G_TENSOR, L_TENSOR, FP64)
-        return x, gamma * lmbda * (1.0 - done_p), x, zero, zero, zero, no
+        return x, gamma * lmbda * (1.0 - done_p), x, zero, zero, zero, no, zero
     elif MODE == 6 or MODE == 7:
         # adjoint of GAE / TD(lambda): X = dL/dadvantages or dL/dreturns, V = dL/dtargets
         # (GAE); every coefficient is the forward's at t-1 (0 at t = 0)
@@ -167,7 +173,40 @@ def _coefficients(
             a_p = a_p * (1.0 - lmbda * (1.0 - done_p))
         first = t < 1
         return (x + gt, tl.where(first, 0.0, beta), gt, zero, tl.where(first, 0.0, a_p), zero,
-                no)
+                no, zero)
+    elif MODE == 8:
+        # adjoint of V-trace: X = dL/dvs, V = dL/dpg; the trace coefficients are the
+        # forward's at t-1 (0 at t = 0), rho and the pg clip at t for dL/drewards
+        tp = tl.maximum(t - 1, 0)
+        mp = m & (t >= 1)
+        term_p, done_p, gamma, lmbda = _step(
+            TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, G, sg1, sg2, sgt, gamma,
+            L, sl1, sl2, slt, lmbda, o1, o2, tp, mp, m,
+            HAS_TRUNC, G_TENSOR, L_TENSOR, FP64)
+        gp = _ld(V, o1, o2, t, sv1, sv2, svt, m, FP64)
+        gp_p = _ld(V, o1, o2, tp, sv1, sv2, svt, mp, FP64)  # 0 at t = 0
+        ratio = _exp(_ld(RHO, o1, o2, t, sr1, sr2, srt, m, FP64), FP64)
+        ratio_p = _exp(_ld(RHO, o1, o2, tp, sr1, sr2, srt, mp, FP64), FP64)
+        rb_p = rb
+        cb_p = cb
+        pb_p = pb
+        if RB_TENSOR:
+            rb = _ld(RB, o1, o2, t, srb1, srb2, srbt, m, FP64)
+            rb_p = _ld(RB, o1, o2, tp, srb1, srb2, srbt, m, FP64)
+        if CB_TENSOR:
+            cb_p = _ld(CB, o1, o2, tp, scb1, scb2, scbt, m, FP64)
+        if PB_TENSOR:
+            pb = _ld(PB, o1, o2, t, spb1, spb2, spbt, m, FP64)
+            pb_p = _ld(PB, o1, o2, tp, spb1, spb2, spbt, m, FP64)
+        first = t < 1
+        gnt_p = tl.where(first, 0.0, gamma * (1.0 - term_p))
+        pgg_p = tl.minimum(ratio_p, pb_p) * gp_p
+        beta = tl.where(first, 0.0, gamma * (1.0 - done_p) * lmbda * tl.minimum(ratio_p, cb_p))
+        alpha = x + gnt_p * (1.0 - done_p) * pgg_p  # + K_{t-1}
+        # epilogue: OUT0 = p1 u + p0; OUT1 = v - OUT0 + vnext OUT0_{t-1}, where
+        # OUT0_{t-1} = cont u_{t-1} + extra at the segment's first step
+        return (alpha, beta, x, tl.minimum(ratio, pb) * gp, tl.minimum(ratio, rb), gnt_p,
+                tl.minimum(ratio_p, rb_p), pgg_p)
     else:
         # rewards = X; terminated/truncated step-aligned; V' explicit or shifted
         term, done, gamma, lmbda = _step(
@@ -192,12 +231,12 @@ def _coefficients(
         if MODE == 1:
             alpha = x + gnt * nv - v
             beta = gamma * lmbda * (1.0 - done)
-            return alpha, beta, v, zero, zero, zero, no
+            return alpha, beta, v, zero, zero, zero, no, zero
         elif MODE == 2:
             c = tl.where(last, 0.0, 1.0 - done)
             alpha = x + gnt * (1.0 - lmbda * c) * nv
             beta = gnt * lmbda * c
-            return alpha, beta, v, zero, zero, zero, no
+            return alpha, beta, v, zero, zero, zero, no, zero
         elif MODE == 4:
             lr = _ld(RHO, o1, o2, t, sr1, sr2, srt, m, FP64)
             ratio = _exp(lr, FP64)
@@ -213,7 +252,7 @@ def _coefficients(
             beta = gamma * (1.0 - done) * lmbda * tl.minimum(ratio, cb)
             cont = (done == 0.0) & (t < T - 1)
             p0 = pgrho * (x - v + tl.where(cont, 0.0, gnt * nv))
-            return alpha, beta, v, p0, pgrho * gnt, vnext, cont
+            return alpha, beta, v, p0, pgrho * gnt, vnext, cont, zero
         else:
             # Retrace: the trace of step t uses the ratio (lambda, c_bar) of step t+1
             mn = m & (t + 1 < T)
@@ -226,7 +265,7 @@ def _coefficients(
             c_next = tl.where(t + 1 < T, lmbda * tl.minimum(ratio, cb), 0.0)
             alpha = x + gnt * nv - v
             beta = gamma * (1.0 - done) * c_next
-            return alpha, beta, v, zero, zero, zero, no
+            return alpha, beta, v, zero, zero, zero, no, zero
 
 
 @triton.jit(do_not_specialize=["UNIT"])
@@ -307,7 +346,7 @@ def scan_kernel(
             k = kk
         t = (t_lo + k * BLOCK_T + cols).to(tl.int64)
         m = nm2 & (t < t_hi)
-        alpha, beta, v, p0, p1, vnext, cont = _coefficients(
+        alpha, beta, v, p0, p1, vnext, cont, extra = _coefficients(
             X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
             TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, boot,
             G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
@@ -342,6 +381,18 @@ def scan_kernel(
                 tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
             elif MODE == 5:
                 tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+            elif MODE == 8:
+                g_r = p1 * h + p0
+                tl.store(OUT0 + p_out, g_r.to(OUT0.dtype.element_ty), mask=m)
+                if TWO_OUT:
+                    # OUT0_{t-1}: stored by this program (this chunk or the one before
+                    # it); at the segment's start, from the carry entering it
+                    tl.debug_barrier()
+                    r_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
+                                     other=0.0).to(h.dtype)
+                    r_prev = tl.where(t == t_lo, cont * carry_seg[:, None] + extra, r_prev)
+                    g_val = v - g_r + vnext * r_prev
+                    tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
             elif MODE == 6 or MODE == 7:
                 tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
                 if TWO_OUT:

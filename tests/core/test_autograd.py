@@ -46,6 +46,10 @@ CASES = {
     "vtrace_shifted": (lambda m, d, td: m.vtrace(
         d["lr"], d["r"], d["v"], d["te"], d["tr"], bootstrap_value=d["b"], gamma=0.9,
         lmbda=0.95, rho_bar=1.0, c_bar=0.9, pg_rho_bar=1.2, time_dim=td), "r v b"),
+    "vtrace_shifted_tensor_coefs": (lambda m, d, td: m.vtrace(
+        d["lr"], d["r"], d["v"], d["te"], d["tr"], bootstrap_value=d["b"], gamma=d["gb"],
+        lmbda=0.5 + 0.5 * d["gb"], rho_bar=0.8 + d["gb"], c_bar=0.6 + d["gb"],
+        pg_rho_bar=0.9 + d["gb"], time_dim=td), "r v b"),
     "vtrace_next_values_gamma_tensor": (lambda m, d, td: m.vtrace(
         d["lr"], d["r"], d["v"], d["te"], d["tr"], next_values=d["n"], gamma=d["gb"],
         rho_bar=1.1, time_dim=td), "r v n"),
@@ -133,7 +137,8 @@ def test_gradcheck_and_reference_gradients(case, layout, impl, seed):
 
 
 @pytest.mark.parametrize("layout", [((2, 4), -1), ((4, 2), 0)])
-@pytest.mark.parametrize("case", ["vtrace_shifted", "linrec_broadcast_beta_reverse",
+@pytest.mark.parametrize("case", ["vtrace_shifted", "vtrace_shifted_tensor_coefs",
+                                  "linrec_broadcast_beta_reverse",
                                   "linrec_forward", "traces_features_gamma_tensor"])
 def test_full_gradcheck_small(case, layout, impl, seed):
     """Full gradcheck on the kernels too, at shapes small enough for the interpreter."""
@@ -160,8 +165,8 @@ def test_only_one_output_used(case, which, impl, seed):
         torch.testing.assert_close(gg.cpu(), wg, rtol=1e-9, atol=1e-9, msg=f"d/d{name}")
 
 
-@pytest.mark.parametrize("case", ["gae_shifted", "vtrace_shifted", "linrec_reverse",
-                                  "linrec_forward", "traces"])
+@pytest.mark.parametrize("case", ["gae_shifted", "vtrace_shifted", "vtrace_shifted_tensor_coefs",
+                                  "linrec_reverse", "linrec_forward", "traces"])
 def test_reference_gradients_segmented(case, impl, seed, segments):
     """The backward scans through the two-phase (segmented) kernel path: 40 steps in
     segments of 16."""
