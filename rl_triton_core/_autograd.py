@@ -432,6 +432,14 @@ class _Forward(torch.autograd.Function):
             return None, None, z, i, None, None, None
         feat = len(shape) - done.dim()
         decay = _forward_decay(*ctx.coef, tuple(done.shape), feat, dtype, device)
+        if _fused(device):  # the kernel's trace mode run backward: one pass, no coefficients
+            u = _trace_adjoint_fused(ctx, g, done, feat, dtype)
+            g_init = None
+            if has_init:
+                d0 = torch.broadcast_to(decay, shape).select(td, 0) \
+                    if isinstance(decay, torch.Tensor) else decay
+                g_init = (u.select(td, 0) * d0).sum_to_size(ctx.init_shape).to(out_dtype)
+            return None, None, u.to(out_dtype), g_init, None, None, None
         notdone = 1.0 - done.to(dtype).reshape(tuple(done.shape) + (1,) * feat)
         # u_t = g_t + beta_{t+1} u_{t+1} with beta_{t+1} = decay_t (1 - done_t)
         u = _scan(_grad(g, shape, dtype, device), torch.broadcast_to(decay * notdone, shape),
@@ -442,6 +450,33 @@ class _Forward(torch.autograd.Function):
                 if isinstance(decay, torch.Tensor) else decay
             g_init = (u.select(td, 0) * d0).sum_to_size(ctx.init_shape).to(out_dtype)
         return None, None, u.to(out_dtype), g_init, None, None, None
+
+
+def _trace_adjoint_fused(ctx, g, done, feat, dtype):
+    """u_t = g_t + gamma_t lambda_t (1 - done_t) u_{t+1}: the trace mode run in reverse,
+    with the forward's coefficients read at step t (cached launch, like the forward's)."""
+    from rl_triton_core import _fastpath
+    from rl_triton_core._dispatch import run
+    from rl_triton_core._layout import Layout
+    from rl_triton_core._triton_scan import MODE_TRACE
+    from rl_triton_core.estimators import _forward_coefficient
+
+    td, shape = ctx.td, tuple(g.shape)
+    gamma, lmbda = ctx.coef
+    slots = (g, None, None, done, None, None, None, None, gamma, lmbda, None, None, None,
+             None, None)
+    key = _fastpath.key_of((MODE_TRACE, td, "adjoint", dtype), slots)
+    u = _fastpath.lookup(key, slots)
+    if u is None:
+        def coef(name, c):
+            value, tensor = _forward_coefficient(name, c, tuple(done.shape), shape, feat)
+            return value, None if tensor is None else tensor.detach()
+
+        done_b = done.reshape(tuple(done.shape) + (1,) * feat)
+        u = run(MODE_TRACE, Layout(shape, td), dtype, g.device, x=g, term=done_b,
+                g=coef("gamma", gamma), l=coef("lmbda", lmbda), reverse=True,
+                fast=(key, slots))
+    return u
 
 
 def forward_scan(fn, time_dim, x, init, done, gamma, lmbda):

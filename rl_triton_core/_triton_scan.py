@@ -27,6 +27,7 @@ MODE_LINREC = 0  # alpha = X, beta = V
 MODE_GAE = 1  # A_t = delta_t + gamma lambda (1 - done_t) A_{t+1}; OUT1 = A + V
 MODE_TDLAMBDA = 2  # TD(lambda) / discounted returns
 MODE_TRACE = 3  # forward: z_t = x_t + gamma lambda (1 - done_{t-1}) z_{t-1}
+# (REVERSE: its adjoint, u_t = g_t + gamma_t lambda_t (1 - done_t) u_{t+1})
 MODE_VTRACE = 4  # D_t = rho_t delta_t + gamma (1 - done_t) c_t D_{t+1}; OUT0 = V + D, OUT1 = pg adv
 MODE_RETRACE = 5  # D_t = delta_t + gamma (1 - done_t) c_{t+1} D_{t+1}; OUT0 = Q + D
 # adjoints (forward scans) of GAE and TD(lambda): u_t = g_t + beta_{t-1} u_{t-1}, OUT0 = u
@@ -117,6 +118,7 @@ def _coefficients(
     MODE: tl.constexpr, HAS_V: tl.constexpr, HAS_NV: tl.constexpr, HAS_TRUNC: tl.constexpr,
     HAS_BOOT: tl.constexpr, G_TENSOR: tl.constexpr, L_TENSOR: tl.constexpr,
     RB_TENSOR: tl.constexpr, CB_TENSOR: tl.constexpr, PB_TENSOR: tl.constexpr, FP64: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
     """One [BLOCK_N, BLOCK_T] tile: (alpha, beta, v, p0, p1, vnext, cont, extra); boot
     is [BLOCK_N, 1], V'_{T-1} of the shifted form.
@@ -146,11 +148,17 @@ def _coefficients(
         beta = _ld(V, o1, o2, t, sv1, sv2, svt, m, FP64)
         return x, beta, x, zero, zero, zero, no, zero
     elif MODE == 3:
-        # forward trace: decay of z_{t-1} uses the transition out of step t-1
-        tp = tl.maximum(t - 1, 0)
+        if REVERSE:
+            # the trace's adjoint: u_t = g_t + gamma_t lambda_t (1 - done_t) u_{t+1}
+            tp = t
+            m_p = m
+        else:
+            # forward trace: decay of z_{t-1} uses the transition out of step t-1
+            tp = tl.maximum(t - 1, 0)
+            m_p = m & (t >= 1)
         term_p, done_p, gamma, lmbda = _step(
             TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, G, sg1, sg2, sgt, gamma,
-            L, sl1, sl2, slt, lmbda, o1, o2, tp, m & (t >= 1), m,
+            L, sl1, sl2, slt, lmbda, o1, o2, tp, m_p, m,
             HAS_TRUNC, G_TENSOR, L_TENSOR, FP64)
         return x, gamma * lmbda * (1.0 - done_p), x, zero, zero, zero, no, zero
     elif MODE == 6 or MODE == 7:
@@ -354,7 +362,7 @@ def scan_kernel(
             CB, scb1, scb2, scbt, cb_hi, cb_lo, PB, spb1, spb2, spbt, pb_hi, pb_lo,
             o1, o2, t, m, T,
             MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR,
-            RB_TENSOR, CB_TENSOR, PB_TENSOR, FP64,
+            RB_TENSOR, CB_TENSOR, PB_TENSOR, FP64, REVERSE,
         )
         alpha = tl.where(m, alpha, 0.0)
         beta = tl.where(m, beta, 1.0)
