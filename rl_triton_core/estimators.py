@@ -472,12 +472,14 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
                 t = q_values.new_zeros(notime)
             check.tensor(name, t)
             check.broadcastable(name, t, notime, "rewards' shape without time, plus (A,)")
-            boot.append(t.expand(notime).unsqueeze(td))
-        q_next = torch.cat([q_values.narrow(td, 1, step_shape[td] - 1), boot[0]], td)
-        p_next = torch.cat([target_probs.narrow(td, 1, step_shape[td] - 1), boot[1]], td)
+            boot.append(t.expand(notime))
+        # E over each step's own state, then shifted by one step: the [.., A] tensors are
+        # read once (shifting them first copied both of them)
+        e_own = (target_probs * q_values).sum(-1)
+        e_boot = (boot[1] * boot[0]).sum(-1).unsqueeze(td)
+        expected_next_q = torch.cat([e_own.narrow(td, 1, step_shape[td] - 1), e_boot], td)
     else:
-        q_next, p_next = next_q_values, next_target_probs
-    expected_next_q = (p_next * q_next).sum(-1)
+        expected_next_q = (next_target_probs * next_q_values).sum(-1)
     return retrace(log_rhos, rewards, q_taken, expected_next_q, terminated, truncated,
                    gamma=gamma, lmbda=lmbda, c_bar=c_bar, time_dim=time_dim, out=out)
 
