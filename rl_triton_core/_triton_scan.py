@@ -35,8 +35,9 @@ MODE_RETRACE = 5  # D_t = delta_t + gamma (1 - done_t) c_{t+1} D_{t+1}; OUT0 = Q
 MODE_GAE_BWD = 6  # OUT1 = g_target_t - u_t + gamma_{t-1} (1 - term_{t-1}) u_{t-1}
 MODE_TD_BWD = 7  # OUT1 = gamma_{t-1} (1 - term_{t-1}) (1 - lambda_{t-1} c_{t-1}) u_{t-1}
 # adjoint of V-trace (shifted values): X = dL/dvs, V = dL/dpg;
-# u_t = g_vs_t + K_{t-1} + beta_{t-1} u_{t-1}, K_{t-1} = pgrho_{t-1} gamma_{t-1} (1 - done_{t-1})
-# g_pg_{t-1} (pg_{t-1} reads vs_t); OUT0 = dL/drewards = rho_t u_t + pgrho_t g_pg_t,
+# u_t = g_vs_t + K_{t-1} + beta_{t-1} u_{t-1}, K_{t-1} = pgrho_{t-1} gamma_{t-1} (1 - term_{t-1})
+# (1 - done_{t-1}) g_pg_{t-1} (pg_{t-1} reads vs_t);
+# OUT0 = dL/drewards = rho_t u_t + pgrho_t g_pg_t,
 # OUT1 = dL/dvalues = g_vs_t - OUT0_t + gamma_{t-1} (1 - term_{t-1}) OUT0_{t-1}
 MODE_VTRACE_BWD = 8
 
@@ -303,7 +304,10 @@ def scan_kernel(
         # time-major: UNIT (= 1, unknown to the compiler) hides that streams are
         # contiguous, so every load is one element per thread with threads along the
         # streams and each thread holding its stream's BLOCK_T steps: the scan then runs
-        # in registers, with no layout conversion (byte flags included)
+        # in registers, with no layout conversion (byte flags included). The contiguity
+        # of 2 is not true of every index (n1 when N2 > 1, n2 when N2 is odd); it only
+        # orders the layout: the divisibility of 1 keeps every access one element wide
+        # (vector width = min(contiguity, alignment)).
         n1 = tl.max_contiguous(tl.multiple_of(n1 * UNIT, 1), 2)
         n2 = tl.max_contiguous(tl.multiple_of(n2 * UNIT, 1), 2)
     o1 = n1[:, None]
@@ -506,8 +510,7 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
             num_warps = 8 if block_n * block_t >= 4096 else 4
     if TILE_OVERRIDE is not None:
         block_n, block_t, num_warps = TILE_OVERRIDE[:3]
-        if len(TILE_OVERRIDE) > 3:
-            scalar_n = TILE_OVERRIDE[3]
+        scalar_n = len(TILE_OVERRIDE) > 3 and TILE_OVERRIDE[3]
     if FORCE_SEGMENT_LEN is not None:
         block_t = max(16, min(block_t, FORCE_SEGMENT_LEN))
     seg, S = _segments(N, T, block_n, block_t, device)

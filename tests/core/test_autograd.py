@@ -35,6 +35,9 @@ CASES = {
     "lambda_shifted": (lambda m, d, td: m.lambda_returns(
         d["r"], d["v"], d["te"], d["tr"], bootstrap_value=d["b"], gamma=0.9, lmbda=0.6,
         time_dim=td), "r v b"),
+    "gae_float_flags": (lambda m, d, td: m.gae(
+        d["r"], d["v"], d["te"].double(), d["tr"].to(torch.uint8), bootstrap_value=d["b"],
+        gamma=0.9, lmbda=0.8, time_dim=td), "r v b"),
     "lambda_next_values": (lambda m, d, td: m.lambda_returns(
         d["r"], d["v"], d["te"], d["tr"], next_values=d["n"], gamma=0.9, lmbda=0.6,
         time_dim=td), "r n"),
@@ -50,6 +53,9 @@ CASES = {
         d["lr"], d["r"], d["v"], d["te"], d["tr"], bootstrap_value=d["b"], gamma=d["gb"],
         lmbda=0.5 + 0.5 * d["gb"], rho_bar=0.8 + d["gb"], c_bar=0.6 + d["gb"],
         pg_rho_bar=0.9 + d["gb"], time_dim=td), "r v b"),
+    "vtrace_float_flags": (lambda m, d, td: m.vtrace(
+        d["lr"], d["r"], d["v"], d["te"].double(), d["tr"].to(torch.uint8),
+        bootstrap_value=d["b"], gamma=0.9, lmbda=0.9, time_dim=td), "r v b"),
     "vtrace_next_values_gamma_tensor": (lambda m, d, td: m.vtrace(
         d["lr"], d["r"], d["v"], d["te"], d["tr"], next_values=d["n"], gamma=d["gb"],
         rho_bar=1.1, time_dim=td), "r v n"),
@@ -90,6 +96,10 @@ def _inputs(seed, shape, td, device):
     last = [0] * len(shape)
     last[pos] = shape[td] - 1
     te[tuple(last)] = False
+    # and stream 1 is, so the terminated factor of the bootstrap gradient is exercised
+    if len(shape) == 2 and shape[1 - pos] > 1:
+        last[1 - pos] = 1
+        te[tuple(last)] = True
     d.update(te=te, tr=tr)
     return {k: t.to(device) for k, t in d.items()}
 
@@ -171,7 +181,10 @@ def test_reference_gradients_segmented(case, impl, seed, segments):
     """The backward scans through the two-phase (segmented) kernel path: 40 steps in
     segments of 16."""
     segments(16)
-    _check(case, (2, 40), -1, impl, seed, gradcheck=None)
+    # the tensor-threshold case: enough streams x segment starts (6 x 4) that a ratio
+    # above a threshold meets a segment start on every seed
+    shape = (6, 80) if case == "vtrace_shifted_tensor_coefs" else (2, 40)
+    _check(case, shape, -1, impl, seed, gradcheck=None)
 
 
 def test_gradients_flow_through_the_library_scan(monkeypatch):
@@ -266,7 +279,8 @@ def test_double_backward_linear_recurrence(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["gae_shifted", "gae_next_values", "lambda_shifted",
-                                  "discounted"])
+                                  "discounted", "vtrace_shifted", "vtrace_shifted_tensor_coefs",
+                                  "traces", "traces_features_gamma_tensor", "cumsum_features"])
 def test_fused_backward_replays_a_cached_launch(case, seed, captured_launches):
     """The Triton backward records a plan on its first call and replays it with the
     full path's arguments (CPU: the launch captured; the GPU tests run it for real)."""
@@ -282,9 +296,8 @@ def test_fused_backward_replays_a_cached_launch(case, seed, captured_launches):
             weights = [torch.randn_like(o) for o in out]
         torch.autograd.grad(out, xs, weights, allow_unused=True)
     assert len(cap.full) == 2  # forward and backward, once each
-    bwd_full = [a for m, a in zip(cap.modes, cap.full) if m >= 6]
-    assert len(bwd_full) == 1 and len(cap.replayed) == 4  # 2 forwards + 2 backwards
-    want, got = bwd_full[0], cap.replayed[-1]
+    assert len(cap.replayed) == 4  # 2 forwards + 2 backwards
+    want, got = cap.full[1], cap.replayed[-1]  # the backward's full launch and last replay
     assert len(want) == len(got)
     for pos, (w, g) in enumerate(zip(want, got)):
         if not isinstance(w, torch.Tensor):
