@@ -432,18 +432,13 @@ class _Forward(torch.autograd.Function):
             return None, None, z, i, None, None, None
         feat = len(shape) - done.dim()
         decay = _forward_decay(*ctx.coef, tuple(done.shape), feat, dtype, device)
+        # u_t = g_t + beta_{t+1} u_{t+1} with beta_{t+1} = decay_t (1 - done_t)
         if _fused(device):  # the kernel's trace mode run backward: one pass, no coefficients
             u = _trace_adjoint_fused(ctx, g, done, feat, dtype)
-            g_init = None
-            if has_init:
-                d0 = torch.broadcast_to(decay, shape).select(td, 0) \
-                    if isinstance(decay, torch.Tensor) else decay
-                g_init = (u.select(td, 0) * d0).sum_to_size(ctx.init_shape).to(out_dtype)
-            return None, None, u.to(out_dtype), g_init, None, None, None
-        notdone = 1.0 - done.to(dtype).reshape(tuple(done.shape) + (1,) * feat)
-        # u_t = g_t + beta_{t+1} u_{t+1} with beta_{t+1} = decay_t (1 - done_t)
-        u = _scan(_grad(g, shape, dtype, device), torch.broadcast_to(decay * notdone, shape),
-                  reverse=True, td=td)
+        else:
+            notdone = 1.0 - done.to(dtype).reshape(tuple(done.shape) + (1,) * feat)
+            u = _scan(_grad(g, shape, dtype, device),
+                      torch.broadcast_to(decay * notdone, shape), reverse=True, td=td)
         g_init = None
         if has_init:
             d0 = torch.broadcast_to(decay, shape).select(td, 0) \
