@@ -293,6 +293,7 @@ def scan_kernel(
     RB_TENSOR: tl.constexpr, CB_TENSOR: tl.constexpr, PB_TENSOR: tl.constexpr,
     TWO_OUT: tl.constexpr, FP64: tl.constexpr, SCALAR_N: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -351,7 +352,7 @@ def scan_kernel(
     if HAS_BOOT:
         boot = tl.load(BOOT + n1 * sc1 + n2 * sc2, mask=nmask, other=0).to(zero.dtype)[:, None]
     n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
-    for kk in range(0, n_chunks):
+    for kk in tl.range(0, n_chunks, num_stages=STAGES):
         if REVERSE:
             k = n_chunks - 1 - kk
         else:
@@ -435,7 +436,8 @@ def scan_kernel(
 _SM_COUNT: dict = {}
 # Tests set this to force the segmented (parallel-over-time) path on small shapes.
 FORCE_SEGMENT_LEN: int | None = None
-# Tile sweeps (scripts/tile_sweep.py) set this to (BLOCK_N, BLOCK_T, num_warps[, SCALAR_N]).
+# Tile sweeps (scripts/tile_sweep.py) set this to
+# (BLOCK_N, BLOCK_T, num_warps[, SCALAR_N[, STAGES]]).
 TILE_OVERRIDE: tuple | None = None
 TM_STEPS = 16  # steps per thread and chunk of the time-major (thread-per-stream) tiles
 
@@ -474,7 +476,7 @@ def _segments(N: int, T: int, block_n: int, block_t: int, device) -> tuple:
 def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
           elem_bytes: int = 4):
     """Tile shape, warps and time segmentation:
-    (BLOCK_N, BLOCK_T, SEG_LEN, S, num_warps, SCALAR_N).
+    (BLOCK_N, BLOCK_T, SEG_LEN, S, num_warps, SCALAR_N, STAGES).
 
     Batch-major data (time contiguous): one warp per stream row and a chunk of
     32 x VEC steps (VEC = 16 bytes of the data type: one vector load per thread
@@ -493,6 +495,7 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
     np2 = triton.next_power_of_2(max(N, 1))
     vec = max(1, 16 // elem_bytes)
     scalar_n = False
+    stages = 1  # the chunk loop's software pipelining (tl.range num_stages); 1: none
     if time_contiguous:
         num_warps = 8 if mode in (MODE_GAE, MODE_TDLAMBDA) else 4
         block_t = max(16, min(tp, 32 * vec))
@@ -511,10 +514,11 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
     if TILE_OVERRIDE is not None:
         block_n, block_t, num_warps = TILE_OVERRIDE[:3]
         scalar_n = len(TILE_OVERRIDE) > 3 and TILE_OVERRIDE[3]
+        stages = TILE_OVERRIDE[4] if len(TILE_OVERRIDE) > 4 else 1
     if FORCE_SEGMENT_LEN is not None:
         block_t = max(16, min(block_t, FORCE_SEGMENT_LEN))
     seg, S = _segments(N, T, block_n, block_t, device)
-    return block_n, block_t, seg, S, num_warps, scalar_n
+    return block_n, block_t, seg, S, num_warps, scalar_n, stages
 
 
 # The kernel's input slots in argument order, with their argument counts: a
@@ -535,7 +539,8 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
     import torch
 
     device = out0.device
-    block_n, block_t, seg, S, num_warps, scalar_n = _plan(N, T, time_contiguous, device, mode,
+    block_n, block_t, seg, S, num_warps, scalar_n, stages = _plan(N, T, time_contiguous, device,
+                                                                  mode,
                                                 out0.element_size())
     dummy = out0
     args = [out0, out1 if out1 is not None else out0, *so]
@@ -549,7 +554,8 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
         HAS_TRUNC=trunc[0] is not None, HAS_BOOT=boot[0] is not None,
         G_TENSOR=g[0] is not None, L_TENSOR=l[0] is not None, HAS_INIT=init[0] is not None,
         RB_TENSOR=rb[0] is not None, CB_TENSOR=cb[0] is not None, PB_TENSOR=pb[0] is not None,
-        TWO_OUT=two_out, FP64=fp64, SCALAR_N=scalar_n, BLOCK_N=block_n, BLOCK_T=block_t,
+        TWO_OUT=two_out, FP64=fp64, SCALAR_N=scalar_n, STAGES=stages, BLOCK_N=block_n,
+        BLOCK_T=block_t,
         BLOCK_S=max(2, triton.next_power_of_2(S)),
     )
     grid = (triton.cdiv(N, block_n), S)

@@ -24,10 +24,11 @@ _TIMER = Timer("cuda", target_ms=5.0)
 
 BM_TILES = [(8, 128, 8), (16, 128, 8), (32, 128, 8), (4, 256, 8), (8, 256, 8), (8, 512, 8),
             (4, 128, 4), (16, 128, 16), (2, 512, 4)]
-# time-major: (BLOCK_N, BLOCK_T, num_warps, SCALAR_N); SCALAR_N = one thread per stream
+# time-major: (BLOCK_N, BLOCK_T, num_warps, SCALAR_N[, STAGES]); SCALAR_N = one thread per
+# stream; STAGES > 1 pipelines the chunk loop's loads (cp.async, STAGES - 1 chunks ahead)
 TM_TILES = [(32, 128, 8, False), (32, 32, 8, False), (32, 16, 1, True), (32, 32, 1, True),
-            (64, 16, 2, True), (128, 16, 4, True), (128, 32, 4, True), (128, 8, 4, True),
-            (256, 16, 8, True)]
+            (64, 16, 2, True), (128, 16, 4, True), (32, 16, 1, True, 2), (32, 16, 1, True, 3),
+            (32, 32, 1, True, 3), (64, 16, 2, True, 3)]
 
 
 def graph_us(fn):
@@ -66,8 +67,9 @@ def calls(d, td):
 
 
 def _name(tile):
-    """8x128w8, or 32x16w1s for a thread-per-stream (SCALAR_N) tile."""
-    return f"{tile[0]}x{tile[1]}w{tile[2]}" + ("s" if tile[3:] == (True,) else "")
+    """8x128w8, 32x16w1s for a thread-per-stream (SCALAR_N) tile, 32x16w1s3 with 3 stages."""
+    name = f"{tile[0]}x{tile[1]}w{tile[2]}" + ("s" if tile[3:4] == (True,) else "")
+    return name + (str(tile[4]) if len(tile) > 4 else "")
 
 
 def _tuple(x):

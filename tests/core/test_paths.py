@@ -81,6 +81,29 @@ def test_interpreter_two_phase_carry(name, gen, monkeypatch):
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("tile", [(32, 16, 1, True, 3), (64, 16, 2, True, 2),
+                                  (32, 128, 8, False)])
+@pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_cumsum", "linear_recurrence_fwd"])
+def test_time_major_tiles_of_the_sweep(name, tile, device, gen, monkeypatch):
+    """The time-major tiles scripts/tile_sweep.py measures (one thread per stream, the
+    chunk loop pipelined STAGES - 1 chunks ahead, the 32 x 128 tile) give the reference's
+    numbers: in the interpreter on the CPU, compiled on the GPU."""
+    import os
+
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only on the CPU")
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    monkeypatch.setattr(_triton_scan, "TILE_OVERRIDE", tile)
+    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    # [N, T] with time-major memory (strides (1, N)): the planner's time-major case
+    x = [a.t().contiguous().t() if a.dim() == 2 else a for a in _inputs(gen, (40, 37), device)]
+    fn, rfn, args, kw = CASES[name](*x)
+    _check(fn(*args, **kw), rfn(*[a.cpu() for a in args],
+                                 **{k: v.cpu() if isinstance(v, torch.Tensor) else v
+                                    for k, v in kw.items()}), 1e-5)
+
+
 def _misaligned(a):
     buf = torch.empty(a.numel() * a.element_size() + 16, dtype=torch.uint8, device=a.device)
     out = buf[a.element_size():a.element_size() * (a.numel() + 1)].view(a.dtype).view(a.shape)
