@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
 # Logs and tables go to $OUT.
-# usage: bash scripts/gpu_session.sh [multigpu|tests|backward|quick|bench|all] [bench args...]
+# usage: bash scripts/gpu_session.sh [multigpu|tests|backward|sweep|quick|bench|all] [bench args...]
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
@@ -21,6 +21,12 @@ fi
 if [[ $what == backward || $what == all ]]; then
   timeout ${BACKWARD_TIMEOUT:-150} python scripts/backward_bench.py --out "$OUT/backward.md" > "$OUT/backward.log" 2>&1
   tail -30 "$OUT/backward.md"
+fi
+if [[ $what == sweep ]]; then  # the time-major tiles, staged (pipelined) ones included
+  timeout ${SWEEP_TIMEOUT:-200} python scripts/tile_sweep.py --layouts tm \
+    --shapes ${SWEEP_SHAPES:-4096x128,16384x512,65536x1024,1024x4096} \
+    --deadline-s $(( ${SWEEP_TIMEOUT:-200} - 20 )) --out "$OUT/tm_sweep.md" > "$OUT/tm_sweep.log" 2>&1
+  cat "$OUT/tm_sweep.md"
 fi
 if [[ $what == quick || $what == all ]]; then
   timeout ${QUICK_TIMEOUT:-200} python -m rl_triton_core.bench --no-peers --out "$OUT/kernels" \
