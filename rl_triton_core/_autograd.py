@@ -225,9 +225,8 @@ def _returns_backward_fused(ctx, grads, terminated, truncated, dtype):
     key = _fastpath.key_of((mode, td, shifted_values, dtype), slots)
     out = _fastpath.lookup(key, slots)
     if out is None:
-        g, l = (check.coefficient(n, c, shape) for n, c in zip(("gamma", "lmbda"), ctx.coef))
-        g = (g[0], None if g[1] is None else g[1].detach())
-        l = (l[0], None if l[1] is None else l[1].detach())
+        g, l = (_constant(check.coefficient(n, c, shape))
+                for n, c in zip(("gamma", "lmbda"), ctx.coef))
         out = run(mode, Layout(shape, td), dtype, device, x=g0, v=g_target, term=terminated,
                   trunc=truncated, g=g, l=l, reverse=False, two_out=shifted_values,
                   fast=(key, slots))
@@ -252,6 +251,13 @@ def _returns_backward_fused(ctx, grads, terminated, truncated, dtype):
     d = ctx.dtype
     return (None, None, None, u.to(d), _cast(g_values, d), _cast(g_next, d), _cast(g_boot, d),
             None, None, None, None)
+
+
+def _constant(coefficient):
+    """A validated (number, tensor) coefficient as the backward kernels take it: the
+    tensor detached (flags, gamma, lambda and the clip thresholds are constants)."""
+    value, tensor = coefficient
+    return value, None if tensor is None else tensor.detach()
 
 
 def _boot_grad(gamma, terminated, g, shape, td, dtype, device):
@@ -362,8 +368,7 @@ def _vtrace_backward_fused(ctx, g_vs, g_pg, log_rhos, terminated, truncated, dty
     out = _fastpath.lookup(key, slots)
     if out is None:
         def coef(name, c, hi=1.0):
-            value, tensor = check.coefficient(name, c, shape, hi=hi)
-            return value, None if tensor is None else tensor.detach()
+            return _constant(check.coefficient(name, c, shape, hi=hi))
 
         out = run(MODE_VTRACE_BWD, Layout(shape, td), dtype, device, x=g_vs, v=g_pg,
                   term=terminated, trunc=truncated, g=coef("gamma", gamma),
@@ -431,9 +436,12 @@ class _Forward(torch.autograd.Function):
             i = torch.zeros(ctx.init_shape, dtype=out_dtype, device=device) if has_init else None
             return None, None, z, i, None, None, None
         feat = len(shape) - done.dim()
-        decay = _forward_decay(*ctx.coef, tuple(done.shape), feat, dtype, device)
+        fused = _fused(device)
+        # the kernel builds the decay in registers: the torch-side one only where it is read
+        decay = None if fused and not has_init else _forward_decay(
+            *ctx.coef, tuple(done.shape), feat, dtype, device)
         # u_t = g_t + beta_{t+1} u_{t+1} with beta_{t+1} = decay_t (1 - done_t)
-        if _fused(device):  # the kernel's trace mode run backward: one pass, no coefficients
+        if fused:  # the kernel's trace mode run backward: one pass, no coefficients
             u = _trace_adjoint_fused(ctx, g, done, feat, dtype)
         else:
             notdone = 1.0 - done.to(dtype).reshape(tuple(done.shape) + (1,) * feat)
@@ -464,8 +472,7 @@ def _trace_adjoint_fused(ctx, g, done, feat, dtype):
     u = _fastpath.lookup(key, slots)
     if u is None:
         def coef(name, c):
-            value, tensor = _forward_coefficient(name, c, tuple(done.shape), shape, feat)
-            return value, None if tensor is None else tensor.detach()
+            return _constant(_forward_coefficient(name, c, tuple(done.shape), shape, feat))
 
         done_b = done.reshape(tuple(done.shape) + (1,) * feat)
         u = run(MODE_TRACE, Layout(shape, td), dtype, g.device, x=g, term=done_b,
