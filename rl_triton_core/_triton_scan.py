@@ -13,9 +13,10 @@ flags all run without a copy.
 
 When there are too few streams to fill the GPU (a flat RLlib stream, 16 long
 sequences), the time axis is also split into S segments (grid axis 1):
-PHASE 1 stores each segment's composed map (A, B) in a workspace, PHASE 2
-composes the maps of the other segments into the carry entering its own
-segment and writes the outputs. PHASE 0 is the single-pass case (S = 1).
+PHASE 1 stores each segment's composed map (A, B) in a workspace, PHASE 3 (one
+program per stream block) composes those maps once, in time order, into the
+carry leaving each segment, and PHASE 2 scans each segment again from the carry
+entering it and writes the outputs. PHASE 0 is the single-pass case (S = 1).
 """
 
 from __future__ import annotations
@@ -320,115 +321,133 @@ def scan_kernel(
     else:
         zero = tl.zeros([BLOCK_N], dtype=tl.float32)
 
-    t_lo = pid_s * SEG_LEN
-    t_hi = tl.minimum(t_lo + SEG_LEN, T)
-
-    # carry entering this segment: init, composed with the other segments' maps
     carry = zero
     if HAS_INIT:
         carry = tl.load(INIT + n1 * si1 + n2 * si2, mask=nmask, other=0).to(zero.dtype)
-    if PHASE == 1:
-        carry_a = zero
-        carry_b = zero + 1.0
-    if PHASE == 2:
-        s_idx = tl.arange(0, BLOCK_S)[None, :]
-        if REVERSE:
-            sm = nm2 & (s_idx > pid_s) & (s_idx < S)
-        else:
-            sm = nm2 & (s_idx < pid_s)
-        w_off = s_idx.to(tl.int64) * N + n[:, None]
-        wa = tl.load(WS + w_off, mask=sm, other=0.0).to(zero.dtype)
-        wb = tl.load(WS + S * N + w_off, mask=sm, other=1.0).to(zero.dtype)
-        agg_a, agg_b = tl.associative_scan((wa, wb), 1, _combine, reverse=REVERSE)
-        if REVERSE:
-            edge_s = 0
-        else:
-            edge_s = BLOCK_S - 1
-        carry = _column(agg_a, s_idx, edge_s) + _column(agg_b, s_idx, edge_s) * carry
 
-    carry_seg = carry
-    # V'_{T-1} of the shifted form: one value per stream, read once
-    boot = zero[:, None]
-    if HAS_BOOT:
-        boot = tl.load(BOOT + n1 * sc1 + n2 * sc2, mask=nmask, other=0).to(zero.dtype)[:, None]
-    n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
-    for kk in tl.range(0, n_chunks, num_stages=STAGES):
-        if REVERSE:
-            k = n_chunks - 1 - kk
-        else:
-            k = kk
-        t = (t_lo + k * BLOCK_T + cols).to(tl.int64)
-        m = nm2 & (t < t_hi)
-        alpha, beta, v, p0, p1, vnext, cont, extra = _coefficients(
-            X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
-            TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, boot,
-            G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
-            RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb_hi, rb_lo,
-            CB, scb1, scb2, scbt, cb_hi, cb_lo, PB, spb1, spb2, spbt, pb_hi, pb_lo,
-            o1, o2, t, m, T,
-            MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR,
-            RB_TENSOR, CB_TENSOR, PB_TENSOR, FP64, REVERSE,
-        )
-        alpha = tl.where(m, alpha, 0.0)
-        beta = tl.where(m, beta, 1.0)
-        A, B = tl.associative_scan((alpha, beta), 1, _combine, reverse=REVERSE)
-        if REVERSE:
-            edge = 0
-        else:
-            edge = BLOCK_T - 1
-        if PHASE == 1:
-            carry_a = _column(A, cols, edge) + _column(B, cols, edge) * carry_a
-            carry_b = _column(B, cols, edge) * carry_b
-        else:
-            h = A + B * carry[:, None]
-            p_out = o1 * so1 + o2 * so2 + t * sot
-            if MODE == 4:
-                # pg_t needs vs_{t+1}: stored by this program (this chunk, or the one after
-                # it in time, processed before it); at the segment's end, V_{t+1} + carry.
-                tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
-                tl.debug_barrier()
-                m_in = m & cont & (t + 1 < t_hi)
-                vs_next = tl.load(OUT0 + p_out + sot, mask=m_in, other=0.0).to(h.dtype)
-                vs_next = tl.where(t + 1 == t_hi, vnext + carry_seg[:, None], vs_next)
-                pg = p0 + tl.where(cont, p1 * vs_next, 0.0)
-                tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
-            elif MODE == 5:
-                tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
-            elif MODE == 8:
-                g_r = p1 * h + p0
-                tl.store(OUT0 + p_out, g_r.to(OUT0.dtype.element_ty), mask=m)
-                if TWO_OUT:
-                    # OUT0_{t-1}: stored by this program (this chunk or the one before
-                    # it); at the segment's start, from the carry entering it
-                    tl.debug_barrier()
-                    r_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
-                                     other=0.0).to(h.dtype)
-                    r_prev = tl.where(t == t_lo, cont * carry_seg[:, None] + extra, r_prev)
-                    g_val = v - g_r + vnext * r_prev
-                    tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
-            elif MODE == 6 or MODE == 7:
-                tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
-                if TWO_OUT:
-                    # u_{t-1}: stored by this program (this chunk or the one before it);
-                    # at the segment's start, the carry entering it
-                    tl.debug_barrier()
-                    u_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
-                                     other=0.0).to(h.dtype)
-                    u_prev = tl.where(t == t_lo, carry_seg[:, None], u_prev)
-                    g_val = p1 * u_prev
-                    if MODE == 6:
-                        g_val = g_val + v - h
-                    tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
+    if PHASE == 3:
+        # the middle pass: compose the segment maps (A, B) of PHASE 1 once, in time order,
+        # and leave in each segment's slot the carry leaving it
+        s_cols = tl.arange(0, BLOCK_S)[None, :]
+        n_sc = tl.cdiv(S, BLOCK_S)
+        for kk in range(0, n_sc):
+            if REVERSE:
+                k = n_sc - 1 - kk
+                edge = 0
             else:
-                tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
-                if TWO_OUT:
-                    tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
-            carry = _column(h, cols, edge)
+                k = kk
+                edge = BLOCK_S - 1
+            s_idx = k * BLOCK_S + s_cols
+            sm = nm2 & (s_idx < S)
+            w_off = s_idx.to(tl.int64) * N + n[:, None]
+            wa = tl.load(WS + w_off, mask=sm, other=0.0).to(zero.dtype)
+            wb = tl.load(WS + S * N + w_off, mask=sm, other=1.0).to(zero.dtype)
+            A, B = tl.associative_scan((wa, wb), 1, _combine, reverse=REVERSE)
+            h = A + B * carry[:, None]
+            tl.store(WS + w_off, h.to(WS.dtype.element_ty), mask=sm)
+            carry = _column(h, s_cols, edge)
+    else:
+        t_lo = pid_s * SEG_LEN
+        t_hi = tl.minimum(t_lo + SEG_LEN, T)
 
-    if PHASE == 1:
-        w_off = pid_s.to(tl.int64) * N + n
-        tl.store(WS + w_off, carry_a, mask=nmask)
-        tl.store(WS + S * N + w_off, carry_b, mask=nmask)
+        # carry entering this segment: init, or (PHASE 2) the one PHASE 3 left in the
+        # workspace slot of the segment before it (after it, in reverse)
+        if PHASE == 1:
+            carry_a = zero
+            carry_b = zero + 1.0
+        if PHASE == 2:
+            if REVERSE:
+                prev = pid_s + 1
+            else:
+                prev = pid_s - 1
+            prev = prev.to(tl.int64) + n * 0
+            has_prev = (prev >= 0) & (prev < S)
+            c_prev = tl.load(WS + prev * N + n, mask=nmask & has_prev, other=0)
+            carry = tl.where(has_prev, c_prev.to(zero.dtype), carry)
+
+        carry_seg = carry
+        # V'_{T-1} of the shifted form: one value per stream, read once
+        boot = zero[:, None]
+        if HAS_BOOT:
+            boot = tl.load(BOOT + n1 * sc1 + n2 * sc2, mask=nmask, other=0).to(zero.dtype)[:, None]
+        n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
+        for kk in tl.range(0, n_chunks, num_stages=STAGES):
+            if REVERSE:
+                k = n_chunks - 1 - kk
+            else:
+                k = kk
+            t = (t_lo + k * BLOCK_T + cols).to(tl.int64)
+            m = nm2 & (t < t_hi)
+            alpha, beta, v, p0, p1, vnext, cont, extra = _coefficients(
+                X, sx1, sx2, sxt, V, sv1, sv2, svt, NV, snv1, snv2, snvt,
+                TERM, sa1, sa2, sat, TRUNC, sb1, sb2, sbt, boot,
+                G, sg1, sg2, sgt, g_hi, g_lo, L, sl1, sl2, slt, l_hi, l_lo,
+                RHO, sr1, sr2, srt, RB, srb1, srb2, srbt, rb_hi, rb_lo,
+                CB, scb1, scb2, scbt, cb_hi, cb_lo, PB, spb1, spb2, spbt, pb_hi, pb_lo,
+                o1, o2, t, m, T,
+                MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR,
+                RB_TENSOR, CB_TENSOR, PB_TENSOR, FP64, REVERSE,
+            )
+            alpha = tl.where(m, alpha, 0.0)
+            beta = tl.where(m, beta, 1.0)
+            A, B = tl.associative_scan((alpha, beta), 1, _combine, reverse=REVERSE)
+            if REVERSE:
+                edge = 0
+            else:
+                edge = BLOCK_T - 1
+            if PHASE == 1:
+                carry_a = _column(A, cols, edge) + _column(B, cols, edge) * carry_a
+                carry_b = _column(B, cols, edge) * carry_b
+            else:
+                h = A + B * carry[:, None]
+                p_out = o1 * so1 + o2 * so2 + t * sot
+                if MODE == 4:
+                    # pg_t needs vs_{t+1}: stored by this program (this chunk, or the one after
+                    # it in time, processed before it); at the segment's end, V_{t+1} + carry.
+                    tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+                    tl.debug_barrier()
+                    m_in = m & cont & (t + 1 < t_hi)
+                    vs_next = tl.load(OUT0 + p_out + sot, mask=m_in, other=0.0).to(h.dtype)
+                    vs_next = tl.where(t + 1 == t_hi, vnext + carry_seg[:, None], vs_next)
+                    pg = p0 + tl.where(cont, p1 * vs_next, 0.0)
+                    tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
+                elif MODE == 5:
+                    tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+                elif MODE == 8:
+                    g_r = p1 * h + p0
+                    tl.store(OUT0 + p_out, g_r.to(OUT0.dtype.element_ty), mask=m)
+                    if TWO_OUT:
+                        # OUT0_{t-1}: stored by this program (this chunk or the one before
+                        # it); at the segment's start, from the carry entering it
+                        tl.debug_barrier()
+                        r_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
+                                         other=0.0).to(h.dtype)
+                        r_prev = tl.where(t == t_lo, cont * carry_seg[:, None] + extra, r_prev)
+                        g_val = v - g_r + vnext * r_prev
+                        tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
+                elif MODE == 6 or MODE == 7:
+                    tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                    if TWO_OUT:
+                        # u_{t-1}: stored by this program (this chunk or the one before it);
+                        # at the segment's start, the carry entering it
+                        tl.debug_barrier()
+                        u_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
+                                         other=0.0).to(h.dtype)
+                        u_prev = tl.where(t == t_lo, carry_seg[:, None], u_prev)
+                        g_val = p1 * u_prev
+                        if MODE == 6:
+                            g_val = g_val + v - h
+                        tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
+                else:
+                    tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                    if TWO_OUT:
+                        tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
+                carry = _column(h, cols, edge)
+
+        if PHASE == 1:
+            w_off = pid_s.to(tl.int64) * N + n
+            tl.store(WS + w_off, carry_a, mask=nmask)
+            tl.store(WS + S * N + w_off, carry_b, mask=nmask)
 
 
 # ----------------------------------------------------------------------------- launcher
@@ -437,8 +456,9 @@ _SM_COUNT: dict = {}
 # Tests set this to force the segmented (parallel-over-time) path on small shapes.
 FORCE_SEGMENT_LEN: int | None = None
 # Tile sweeps (scripts/tile_sweep.py) set this to
-# (BLOCK_N, BLOCK_T, num_warps[, SCALAR_N[, STAGES]]).
+# (BLOCK_N, BLOCK_T, num_warps[, SCALAR_N[, STAGES[, PROGRAMS_PER_SM]]]).
 TILE_OVERRIDE: tuple | None = None
+PROGRAMS_PER_SM = 8  # time is split into segments until there are about this many programs per SM
 TM_STEPS = 16  # steps per thread and chunk of the time-major (thread-per-stream) tiles
 
 
@@ -454,14 +474,15 @@ def _sm_count(device) -> int:
     return sms
 
 
-def _segments(N: int, T: int, block_n: int, block_t: int, device) -> tuple:
+def _segments(N: int, T: int, block_n: int, block_t: int, device,
+              per_sm: int = PROGRAMS_PER_SM) -> tuple:
     """(SEG_LEN, S): split time when the stream blocks alone cannot fill the GPU."""
     if FORCE_SEGMENT_LEN is not None:  # tests: FORCE_SEGMENT_LEN is a power of two >= 16
         seg = max(block_t, FORCE_SEGMENT_LEN // block_t * block_t)
     else:
-        # enough programs to keep every SM busy: a few long streams get ~8 per SM
+        # enough programs to keep every SM busy: a few long streams get ~per_sm per SM
         n_blocks = triton.cdiv(N, block_n)
-        target = 8 * _sm_count(device)
+        target = per_sm * _sm_count(device)
         seg = T
         chunks = triton.cdiv(T, block_t)
         if n_blocks < target // 4 and chunks > 1:
@@ -511,13 +532,15 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
             block_n = max(2, min(np2, 32))
             block_t = max(16, min(tp, 4096 // block_n))
             num_warps = 8 if block_n * block_t >= 4096 else 4
+    per_sm = PROGRAMS_PER_SM
     if TILE_OVERRIDE is not None:
         block_n, block_t, num_warps = TILE_OVERRIDE[:3]
         scalar_n = len(TILE_OVERRIDE) > 3 and TILE_OVERRIDE[3]
         stages = TILE_OVERRIDE[4] if len(TILE_OVERRIDE) > 4 else 1
+        per_sm = TILE_OVERRIDE[5] if len(TILE_OVERRIDE) > 5 else per_sm
     if FORCE_SEGMENT_LEN is not None:
         block_t = max(16, min(block_t, FORCE_SEGMENT_LEN))
-    seg, S = _segments(N, T, block_n, block_t, device)
+    seg, S = _segments(N, T, block_n, block_t, device, per_sm)
     return block_n, block_t, seg, S, num_warps, scalar_n, stages
 
 
@@ -555,8 +578,7 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
         G_TENSOR=g[0] is not None, L_TENSOR=l[0] is not None, HAS_INIT=init[0] is not None,
         RB_TENSOR=rb[0] is not None, CB_TENSOR=cb[0] is not None, PB_TENSOR=pb[0] is not None,
         TWO_OUT=two_out, FP64=fp64, SCALAR_N=scalar_n, STAGES=stages, BLOCK_N=block_n,
-        BLOCK_T=block_t,
-        BLOCK_S=max(2, triton.next_power_of_2(S)),
+        BLOCK_T=block_t, BLOCK_S=2,
     )
     grid = (triton.cdiv(N, block_n), S)
     ws_spec = None
@@ -564,12 +586,17 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
         phases = (0,)
         ws = dummy
     else:
-        phases = (1, 2)
+        phases = (1, 3, 2)
         ws_spec = ((2, S, N), torch.float64 if fp64 else torch.float32)
         ws = torch.empty(ws_spec[0], device=device, dtype=ws_spec[1])
     args += [ws, N, N2, T, seg, S, 1]
     launched = []
     for phase in phases:
-        kernel = scan_kernel[grid](*args, PHASE=phase, **flags, num_warps=num_warps)
-        launched.append((kernel, grid, {**flags, "PHASE": phase}))
+        consts = {**flags, "PHASE": phase}
+        g = grid
+        if phase == 3:  # the middle pass: one program per stream block, BLOCK_S maps a step
+            g = (grid[0], 1)
+            consts["BLOCK_S"] = max(2, min(triton.next_power_of_2(S), 2048 // block_n))
+        kernel = scan_kernel[g](*args, **consts, num_warps=num_warps)
+        launched.append((kernel, g, consts))
     return args, ws_spec, launched

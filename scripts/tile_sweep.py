@@ -28,7 +28,8 @@ BM_TILES = [(8, 128, 8), (16, 128, 8), (32, 128, 8), (4, 256, 8), (8, 256, 8), (
 # stream; STAGES > 1 pipelines the chunk loop's loads (cp.async, STAGES - 1 chunks ahead)
 TM_TILES = [(32, 128, 8, False), (32, 32, 8, False), (32, 16, 1, True), (32, 32, 1, True),
             (64, 16, 2, True), (128, 16, 4, True), (32, 16, 1, True, 2), (32, 16, 1, True, 3),
-            (32, 32, 1, True, 3), (64, 16, 2, True, 3)]
+            (32, 32, 1, True, 3), (64, 16, 2, True, 2), (64, 16, 2, True, 3), (128, 16, 4, True, 2),
+            (32, 8, 1, True, 4)]
 
 
 def graph_us(fn):
@@ -67,9 +68,18 @@ def calls(d, td):
 
 
 def _name(tile):
-    """8x128w8, 32x16w1s for a thread-per-stream (SCALAR_N) tile, 32x16w1s3 with 3 stages."""
+    """8x128w8, 32x16w1s for a thread-per-stream (SCALAR_N) tile, 32x16w1s3 with 3 stages,
+    32x16w1s1p32 with time segments until 32 programs per SM."""
     name = f"{tile[0]}x{tile[1]}w{tile[2]}" + ("s" if tile[3:4] == (True,) else "")
-    return name + (str(tile[4]) if len(tile) > 4 else "")
+    name += str(tile[4]) if len(tile) > 4 and (tile[4] != 1 or len(tile) > 5) else ""
+    return name + (f"p{tile[5]}" if len(tile) > 5 else "")
+
+
+def _parse_tile(text):
+    v = [int(x) for x in text.split(":")]
+    if len(v) > 3:
+        v[3] = bool(v[3])
+    return tuple(v)
 
 
 def _tuple(x):
@@ -83,7 +93,16 @@ def main():
     p.add_argument("--estimators", default="gae,vtrace,episodic_cumsum")
     p.add_argument("--layouts", default="bm,tm")
     p.add_argument("--out", default="")
+    p.add_argument("--tm-tiles", default="", help="time-major tiles instead of TM_TILES: "
+                   "bn:bt:warps:scalar(0/1)[:stages[:programs per SM]] joined by commas")
+    p.add_argument("--bm-tiles", default="", help="batch-major tiles instead of BM_TILES: "
+                   "bn:bt:warps[:scalar:stages:programs per SM] joined by commas")
     a = p.parse_args()
+    global TM_TILES, BM_TILES
+    if a.tm_tiles:
+        TM_TILES = [_parse_tile(x) for x in a.tm_tiles.split(",")]
+    if a.bm_tiles:
+        BM_TILES = [_parse_tile(x) for x in a.bm_tiles.split(",")]
     t_end = time.time() + a.deadline_s
     gen = torch.Generator().manual_seed(0)
     _fastpath.ENABLED = False  # each override must reach the planner
