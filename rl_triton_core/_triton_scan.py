@@ -506,11 +506,11 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
     for GAE / TD(lambda), 4 x 4 for the others. Time-major data (streams
     contiguous): one thread per stream (SCALAR_N), each holding BLOCK_T steps, so
     a warp's loads are one coalesced row per step and the scan is sequential in
-    registers -- unless that needs more than 64 time segments (a few very long
-    streams), where the second pass's scan of the segment maps would also be
-    sequential per thread: there, 32 streams x 128 steps over 8 warps.
+    registers -- unless there are fewer streams than a warp has threads: there,
+    up to 32 streams x 128 steps over 8 warps.
     When the tiles cannot fill the GPU (few streams), time is split into
-    segments of whole chunks: two passes over the inputs, one over the outputs.
+    segments of whole chunks: two passes over the inputs, one over the outputs,
+    and between them one small pass over the segments' maps.
     """
     tp = triton.next_power_of_2(max(T, 1))
     np2 = triton.next_power_of_2(max(N, 1))
@@ -527,7 +527,9 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
         num_warps = 2 if N >= 32768 else 1  # the sweep's best (docs/bench/*-s3-tm-sweep.md)
         block_n = 32 * num_warps
         block_t = max(16, min(tp, TM_STEPS))
-        scalar_n = _segments(N, T, block_n, block_t, device)[1] <= 64
+        # thread per stream from one warp of streams: with the middle pass, also for
+        # many time segments (256x16384 GAE 148 -> 68 us, docs/bench/*-s4-tm-sweep.md)
+        scalar_n = N >= 32
         if not scalar_n:
             block_n = max(2, min(np2, 32))
             block_t = max(16, min(tp, 4096 // block_n))

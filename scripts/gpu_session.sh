@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
 # Logs and tables go to $OUT.
-# usage: bash scripts/gpu_session.sh [multigpu|tests|backward|sweep|quick|bench|all] [bench args...]
+# usage: bash scripts/gpu_session.sh [multigpu|tests|backward|sweep|quick|bench|full|all] [bench args...]
+# full: the benchmark at every shape, after warming the Triton and inductor caches
+# with one process per shape (those runs' timings are thrown away)
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
@@ -33,6 +35,21 @@ if [[ $what == quick || $what == all ]]; then
     --estimators gae,lambda_returns,vtrace,retrace,episodic_cumsum ${QUICK_ARGS:-} \
     > "$OUT/kernels.log" 2>&1
   tail -5 "$OUT/kernels.log"
+fi
+if [[ $what == full ]]; then
+  shapes=${FULL_SHAPES:-4096x128,512x128,32768x32,16384x16,256x1024,16384x512,1024x4096,65536x1024,16x131072,1x1000000}
+  t0=$SECONDS
+  for s in ${shapes//,/ }; do
+    timeout ${WARM_TIMEOUT:-150} python -m rl_triton_core.bench --shapes "$s" --no-progress \
+      --peers compiled_scan --target-ms 0.05 --compile-budget-s 100 --out "/tmp/warm/$s" \
+      > "/tmp/warm_$s.log" 2>&1 &
+  done
+  wait
+  echo "warm-up: $((SECONDS - t0)) s"
+  timeout ${BENCH_TIMEOUT:-420} python -m rl_triton_core.bench --shapes "$shapes" --out "$OUT" \
+    --deadline-s $(( ${BENCH_TIMEOUT:-420} - 40 )) "$@" > "$OUT/bench.log" 2>&1
+  tail -8 "$OUT/bench.log"
+  (cd "$OUT" && tar czf plots.tgz *.png && rm -f *.png)
 fi
 if [[ $what == bench || $what == all ]]; then
   timeout ${BENCH_TIMEOUT:-330} python -m rl_triton_core.bench --out "$OUT" "$@" > "$OUT/bench.log" 2>&1
