@@ -503,7 +503,8 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
     32 x VEC steps (VEC = 16 bytes of the data type: one vector load per thread
     and tensor), so the scan runs in registers and warp shuffles, without shared
     memory. Measured on the H200 (docs/notes.md, tile sweep): 8 rows x 8 warps
-    for GAE / TD(lambda), 4 x 4 for the others. Time-major data (streams
+    for GAE / TD(lambda), 4 x 4 for the others; 2 rows x 4 warps where that alone
+    fills the GPU and the larger tile would split time. Time-major data (streams
     contiguous): one thread per stream (SCALAR_N), each holding BLOCK_T steps, so
     a warp's loads are one coalesced row per step and the scan is sequential in
     registers -- unless there are fewer streams than a warp has threads: there,
@@ -523,6 +524,12 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
         block_n = max(2, min(np2, 32 * vec * num_warps // block_t))
         if block_n > np2:  # a stream or two: several warps per row, VEC steps per thread
             block_t = max(16, min(tp, 32 * vec * num_warps // block_n))
+        elif (_segments(N, T, block_n, block_t, device)[1] > 1
+              and triton.cdiv(N, 2) >= 2 * _sm_count(device)):
+            # enough streams to fill the GPU without splitting time if a program takes
+            # two rows (two warps each): one pass instead of two (1024x4096: GAE 52 -> 34
+            # us, V-trace 72 -> 56 us, docs/bench/*-s4-sweep3.md)
+            block_n, block_t, num_warps = 2, max(16, min(tp, 64 * vec)), 4
     else:
         num_warps = 2 if N >= 32768 else 1  # the sweep's best (docs/bench/*-s3-tm-sweep.md)
         block_n = 32 * num_warps
