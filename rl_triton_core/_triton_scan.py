@@ -459,6 +459,7 @@ FORCE_SEGMENT_LEN: int | None = None
 # (BLOCK_N, BLOCK_T, num_warps[, SCALAR_N[, STAGES[, PROGRAMS_PER_SM]]]).
 TILE_OVERRIDE: tuple | None = None
 PROGRAMS_PER_SM = 8  # time is split into segments until there are about this many programs per SM
+MIDDLE_ELEMS = 2048  # the middle pass: BLOCK_N streams x BLOCK_S maps a step (tests lower it)
 TM_STEPS = 16  # steps per thread and chunk of the time-major (thread-per-stream) tiles
 
 
@@ -605,7 +606,7 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
         g = grid
         if phase == 3:  # the middle pass: one program per stream block, BLOCK_S maps a step
             g = (grid[0], 1)
-            consts["BLOCK_S"] = max(2, min(triton.next_power_of_2(S), 2048 // block_n))
+            consts["BLOCK_S"] = max(2, min(triton.next_power_of_2(S), MIDDLE_ELEMS // block_n))
         kernel = scan_kernel[g](*args, **consts, num_warps=num_warps)
         launched.append((kernel, g, consts))
     return args, ws_spec, launched

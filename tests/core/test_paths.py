@@ -81,6 +81,63 @@ def test_interpreter_two_phase_carry(name, gen, monkeypatch):
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreter_middle_pass_in_chunks(name, gen, monkeypatch):
+    """The middle pass composes the segment maps BLOCK_S at a time, carrying across
+    chunks (forward, and in reverse for the backward-in-time scans): forced here to 2
+    maps a chunk over 5 segments, so the last chunk is part-empty."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only (the GPU runs reach this path at long T)")
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", 16)
+    monkeypatch.setattr(_triton_scan, "MIDDLE_ELEMS", 4)
+    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    fn, rfn, args, kw = CASES[name](*_inputs(gen, (3, 77), "cpu"))
+    plan = _triton_scan._plan(3, 77, True, torch.device("cpu"))
+    assert plan[3] == 5 and 4 // plan[0] < 5  # 5 segments, more than one chunk of maps
+    _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
+
+
+def test_plan_rules(monkeypatch):
+    """The plan's choices measured on the H200 (docs/notes.md items 28 and 30), for a
+    132-SM GPU: (BLOCK_N, BLOCK_T, SEG_LEN, S, warps, SCALAR_N, STAGES)."""
+    monkeypatch.setitem(_triton_scan._SM_COUNT, 0, 132)
+    dev = torch.device("cuda", 0)
+
+    def plan(N, T, batch_major, mode=_triton_scan.MODE_GAE):
+        return _triton_scan._plan(N, T, batch_major, dev, mode)
+
+    assert plan(4096, 128, True) == (8, 128, 128, 1, 8, False, 1)
+    assert plan(4096, 128, True, _triton_scan.MODE_VTRACE) == (4, 128, 128, 1, 4, False, 1)
+    # two rows a program fill the GPU without splitting time
+    assert plan(1024, 4096, True) == (2, 256, 4096, 1, 4, False, 1)
+    # too few streams even two rows at a time: the default tile, time split
+    assert plan(256, 1024, True)[0] == 8 and plan(256, 1024, True)[3] > 1
+    # time-major: a thread per stream from 32 streams, for any number of segments
+    assert plan(16384, 512, False) == (32, 16, 512, 1, 1, True, 1)
+    assert plan(65536, 1024, False)[:5] == (64, 16, 1024, 1, 2)
+    p = plan(256, 16384, False)
+    assert p[5] and p[3] > 64
+    p = plan(16, 131072, False)
+    assert not p[5] and p[:2] == (16, 256)
+
+
+@pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_cumsum", "linear_recurrence"])
+def test_two_row_tile_matches_reference(name, gen, monkeypatch):
+    """The batch-major two-row tile (chosen where it avoids splitting time: here, on the
+    interpreter's 4 SMs, 24 streams of 300 steps) gives the reference's numbers."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only")
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    assert _triton_scan._plan(24, 300, True, torch.device("cpu"))[:5] == (2, 256, 300, 1, 4)
+    fn, rfn, args, kw = CASES[name](*_inputs(gen, (24, 300), "cpu"))
+    _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("tile", [(32, 16, 1, True, 3), (64, 16, 2, True, 2),
                                   (32, 128, 8, False)])
