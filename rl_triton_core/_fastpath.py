@@ -139,7 +139,8 @@ class Plan:
         for pos, idx in self.number_pos:
             args[pos], args[pos + 1] = split(float(slots[idx]))
         if self.ws_spec is not None:
-            args[self.ws_pos] = torch.empty(self.ws_spec[0], dtype=self.ws_spec[1], device=device)
+            alloc = torch.zeros if self.ws_spec[2] else torch.empty
+            args[self.ws_pos] = alloc(self.ws_spec[0], dtype=self.ws_spec[1], device=device)
         self._launch(args, device)
         return (out0, out1) if self.two_out else out0
 

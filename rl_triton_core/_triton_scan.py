@@ -21,6 +21,8 @@ entering it and writes the outputs. PHASE 0 is the single-pass case (S = 1).
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -278,6 +280,84 @@ def _coefficients(
             return alpha, beta, v, zero, zero, zero, no, zero
 
 
+@triton.jit
+def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S, NB,
+               REVERSE: tl.constexpr, W: tl.constexpr, MAPS_ONLY: tl.constexpr):
+    """PHASE 4 (one pass, decoupled look-back): the carry entering segment ``pid_s``.
+
+    Workspace (zeroed per call): A, B and P [S, N] (a segment's composed map, the
+    carry leaving it), then a status per (stream block, segment): 0 nothing, 1 its
+    map, 2 its carry; then the ticket counter. A program publishes its map, then
+    walks back W segments at a time (towards the start in time; towards the end in
+    reverse) composing their maps until it meets a published carry, then publishes
+    its own carry. Programs take segments in ticket order, so every segment they
+    wait on belongs to a program that has started: no deadlock. MAPS_ONLY (tests)
+    reads every carry but the first segment's as a map, so the interpreter, which runs
+    programs one after another, also walks back over maps, window after window.
+    """
+    PA = WS
+    PB = WS + S * N
+    PP = WS + 2 * S * N
+    FL = (WS + 3 * S * N).to(tl.pointer_type(tl.int32)) + pid_n.to(tl.int64) * S
+    off = pid_s.to(tl.int64) * N + n
+    if REVERSE:
+        first = pid_s == S - 1
+        step = 1
+    else:
+        first = pid_s == 0
+        step = -1
+    tl.store(PA + off, agg_a, mask=nmask)
+    tl.store(PB + off, agg_b, mask=nmask)
+    tl.store(PP + off, agg_a + agg_b * init, mask=nmask)  # the carry, if first
+    tl.debug_barrier()
+    tl.atomic_xchg(FL + pid_s, first.to(tl.int32) + 1, sem="release")  # 2 if first
+    carry = init
+    acc_a = agg_a * 0.0
+    acc_b = acc_a + 1.0
+    w = tl.arange(0, W)
+    top = pid_s + step
+    done = first.to(tl.int32)
+    while done == 0:
+        j = top + step * w
+        valid = (j >= 0) & (j < S)
+        st = tl.atomic_add(FL + j, 0, mask=valid, sem="acquire")
+        st = tl.where(valid, st, 3)
+        if MAPS_ONLY:
+            if REVERSE:
+                st = tl.where(j == S - 1, st, tl.minimum(st, 1))
+            else:
+                st = tl.where(j == 0, st, tl.minimum(st, 1))
+        # the nearest published carry in the window, and whether every segment
+        # between it and us has published at least its map
+        p_w = tl.min(tl.where(st == 2, w, W), axis=0)
+        blocked = tl.max(tl.where((w < p_w) & (st == 0), 1, 0), axis=0)
+        if blocked == 0:
+            tl.debug_barrier()
+            jj = j[None, :].to(tl.int64) * N + n[:, None]
+            lm = nmask[:, None] & valid[None, :]
+            ma = tl.load(PA + jj, mask=lm & (w[None, :] < p_w), other=0.0, volatile=True)
+            mb = tl.load(PB + jj, mask=lm & (w[None, :] < p_w), other=1.0, volatile=True)
+            pp = tl.load(PP + jj, mask=lm & (w[None, :] == p_w), other=0.0, volatile=True)
+            ma = tl.where(w[None, :] == p_w, pp, ma).to(agg_a.dtype)
+            mb = tl.where(w[None, :] == p_w, 0.0, mb).to(agg_a.dtype)
+            # the window's maps, the farthest applied first
+            ga, gb = tl.associative_scan((ma, mb), 1, _combine, reverse=True)
+            ga = _column(ga, w[None, :], 0)
+            gb = _column(gb, w[None, :], 0)
+            if p_w < W:
+                carry = acc_a + acc_b * ga
+                done = 1
+            else:
+                acc_a = acc_a + acc_b * ga
+                acc_b = acc_b * gb
+                top = top + step * W
+    if first == 0:
+        tl.store(PP + off, agg_a + agg_b * carry, mask=nmask)
+        tl.debug_barrier()
+        tl.atomic_xchg(FL + pid_s, 2, sem="release")
+    return carry
+
+
 @triton.jit(do_not_specialize=["UNIT"])
 def scan_kernel(
     OUT0, OUT1, so1, so2, sot,
@@ -294,10 +374,20 @@ def scan_kernel(
     RB_TENSOR: tl.constexpr, CB_TENSOR: tl.constexpr, PB_TENSOR: tl.constexpr,
     TWO_OUT: tl.constexpr, FP64: tl.constexpr, SCALAR_N: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, LOOK_W: tl.constexpr, LOOK_MAPS_ONLY: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
+    if PHASE == 4:
+        # segments in ticket order (the look-back waits only on started programs)
+        ctr = (WS + 3 * S * N).to(tl.pointer_type(tl.int32)) + tl.cdiv(N, BLOCK_N) * S
+        tk = tl.atomic_add(ctr, 1)
+        pid_n = tk // S
+        if REVERSE:
+            pid_s = S - 1 - tk % S
+        else:
+            pid_s = tk % S
+    else:
+        pid_n = tl.program_id(0)
+        pid_s = tl.program_id(1)
     n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     nmask = n < N
     n1 = n // N2
@@ -395,6 +485,11 @@ def scan_kernel(
                 edge = 0
             else:
                 edge = BLOCK_T - 1
+            if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
+                carry = _look_back(WS, _column(A, cols, edge), _column(B, cols, edge), carry,
+                                   n, nmask, pid_n, pid_s, N, S, tl.cdiv(N, BLOCK_N), REVERSE,
+                                   LOOK_W, LOOK_MAPS_ONLY)
+                carry_seg = carry
             if PHASE == 1:
                 carry_a = _column(A, cols, edge) + _column(B, cols, edge) * carry_a
                 carry_b = _column(B, cols, edge) * carry_b
@@ -459,6 +554,11 @@ FORCE_SEGMENT_LEN: int | None = None
 # (BLOCK_N, BLOCK_T, num_warps[, SCALAR_N[, STAGES[, PROGRAMS_PER_SM]]]).
 TILE_OVERRIDE: tuple | None = None
 PROGRAMS_PER_SM = 8  # time is split into segments until there are about this many programs per SM
+# Segmented plans in one launch with a decoupled look-back (PHASE 4) instead of three
+# (maps, middle pass, outputs): off by default until measured on the GPU.
+LOOKBACK = os.environ.get("RL_TRITON_CORE_LOOKBACK", "0") == "1"
+LOOK_W = 16  # segments the look-back reads at a time
+LOOK_MAPS_ONLY = False  # tests: walk back over maps only (see _look_back)
 MIDDLE_ELEMS = 2048  # the middle pass: BLOCK_N streams x BLOCK_S maps a step (tests lower it)
 TM_STEPS = 16  # steps per thread and chunk of the time-major (thread-per-stream) tiles
 
@@ -588,17 +688,26 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
         G_TENSOR=g[0] is not None, L_TENSOR=l[0] is not None, HAS_INIT=init[0] is not None,
         RB_TENSOR=rb[0] is not None, CB_TENSOR=cb[0] is not None, PB_TENSOR=pb[0] is not None,
         TWO_OUT=two_out, FP64=fp64, SCALAR_N=scalar_n, STAGES=stages, BLOCK_N=block_n,
-        BLOCK_T=block_t, BLOCK_S=2,
+        BLOCK_T=block_t, BLOCK_S=2, LOOK_W=LOOK_W, LOOK_MAPS_ONLY=LOOK_MAPS_ONLY,
     )
     grid = (triton.cdiv(N, block_n), S)
     ws_spec = None
+    wdt = torch.float64 if fp64 else torch.float32
     if S == 1:
         phases = (0,)
         ws = dummy
+    elif LOOKBACK:
+        # one chunk per segment, one launch; the workspace starts zeroed (statuses, ticket)
+        seg = block_t
+        S = triton.cdiv(T, seg)
+        grid = (triton.cdiv(N, block_n) * S, 1)
+        phases = (4,)
+        ws_spec = ((3 * S * N + triton.cdiv(N, block_n) * S + 1,), wdt, True)
+        ws = torch.zeros(ws_spec[0], device=device, dtype=wdt)
     else:
         phases = (1, 3, 2)
-        ws_spec = ((2, S, N), torch.float64 if fp64 else torch.float32)
-        ws = torch.empty(ws_spec[0], device=device, dtype=ws_spec[1])
+        ws_spec = ((2, S, N), wdt, False)
+        ws = torch.empty(ws_spec[0], device=device, dtype=wdt)
     args += [ws, N, N2, T, seg, S, 1]
     launched = []
     for phase in phases:
