@@ -39,7 +39,6 @@ def calls(N, T, layout, gen):
     return {
         "gae": lambda: rc.gae(r, v, te, tr, bootstrap_value=b, time_dim=td),
         "vtrace": lambda: rc.vtrace(lr, r, v, te, tr, bootstrap_value=b, time_dim=td),
-        "episodic_cumsum": lambda: rc.episodic_cumsum(r, te, time_dim=td),
     }
 
 
