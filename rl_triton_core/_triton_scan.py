@@ -555,8 +555,9 @@ FORCE_SEGMENT_LEN: int | None = None
 TILE_OVERRIDE: tuple | None = None
 PROGRAMS_PER_SM = 8  # time is split into segments until there are about this many programs per SM
 # Segmented plans in one launch with a decoupled look-back (PHASE 4) instead of three
-# (maps, middle pass, outputs): off by default until measured on the GPU.
-LOOKBACK = os.environ.get("RL_TRITON_CORE_LOOKBACK", "0") == "1"
+# (maps, middle pass, outputs): None = where _use_look_back says (measured on the H200),
+# True / False = always / never (RL_TRITON_CORE_LOOKBACK=1 / 0; tests, sweeps).
+LOOKBACK: bool | None = {"1": True, "0": False}.get(os.environ.get("RL_TRITON_CORE_LOOKBACK", ""))
 LOOK_W = 16  # segments the look-back reads at a time
 LOOK_MAPS_ONLY = False  # tests: walk back over maps only (see _look_back)
 MIDDLE_ELEMS = 2048  # the middle pass: BLOCK_N streams x BLOCK_S maps a step (tests lower it)
@@ -654,6 +655,21 @@ def _plan(N: int, T: int, time_contiguous: bool, device, mode: int = MODE_GAE,
     return block_n, block_t, seg, S, num_warps, scalar_n, stages
 
 
+def _use_look_back(N: int, T: int, block_n: int, block_t: int, device) -> bool:
+    """Whether a segmented plan runs as one look-back launch (a chunk per program).
+
+    Measured on the H200 (docs/bench/*-s4-lookback.md): up to ~8 programs per SM
+    the look-back takes 0.65-1.04x the three launches' device time (4096x128 and
+    512x128 time-major, 256x1024, 16x131072 time-major), and saves two launches;
+    from ~2,000 programs its serial walk back over many segments makes it 2-3x
+    slower (16x131072 batch-major, 1x1M, 1024x4096 and 256x16384 time-major).
+    """
+    if LOOKBACK is not None:
+        return LOOKBACK
+    programs = triton.cdiv(N, block_n) * triton.cdiv(T, block_t)
+    return programs <= PROGRAMS_PER_SM * _sm_count(device)
+
+
 # The kernel's input slots in argument order, with their argument counts: a
 # pointer and its strides (three, or two without a time axis), then for gamma and
 # the coefficients (gamma, lambda, the clip thresholds) the float32 (hi, lo) pair of a scalar.
@@ -696,7 +712,7 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
     if S == 1:
         phases = (0,)
         ws = dummy
-    elif LOOKBACK:
+    elif _use_look_back(N, T, block_n, block_t, device):
         # one chunk per segment, one launch; the workspace starts zeroed (statuses, ticket)
         seg = block_t
         S = triton.cdiv(T, seg)

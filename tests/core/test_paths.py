@@ -77,7 +77,30 @@ def test_interpreter_two_phase_carry(name, gen, monkeypatch):
         pytest.skip("interpreter only (the GPU runs reach this path at long T)")
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
     monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", 16)
+    monkeypatch.setattr(_triton_scan, "LOOKBACK", False)  # the three launches
     fn, rfn, args, kw = CASES[name](*_inputs(gen, (3, 77), "cpu"))
+    _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
+
+
+@pytest.mark.parametrize("maps_only", [False, True])
+@pytest.mark.parametrize("shape", [(3, 77), (2, 300)])
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreter_look_back(name, shape, maps_only, gen, monkeypatch):
+    """The one-launch segmented plan: a chunk per program, the carry from a decoupled
+    look-back. The interpreter runs programs one after another, so each finds its
+    predecessor's carry; ``maps_only`` makes it walk back over maps instead, 4
+    segments at a time over up to 19 segments (forward and reverse in time)."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only (the GPU runs reach this path at long T)")
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", 16)
+    monkeypatch.setattr(_triton_scan, "LOOKBACK", True)
+    monkeypatch.setattr(_triton_scan, "LOOK_MAPS_ONLY", maps_only)
+    monkeypatch.setattr(_triton_scan, "LOOK_W", 4)
+    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    fn, rfn, args, kw = CASES[name](*_inputs(gen, shape, "cpu"))
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
 
 
@@ -93,6 +116,7 @@ def test_interpreter_middle_pass_in_chunks(name, gen, monkeypatch):
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
     monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", 16)
     monkeypatch.setattr(_triton_scan, "MIDDLE_ELEMS", 4)
+    monkeypatch.setattr(_triton_scan, "LOOKBACK", False)
     monkeypatch.setattr(_fastpath, "ENABLED", False)
     fn, rfn, args, kw = CASES[name](*_inputs(gen, (3, 77), "cpu"))
     plan = _triton_scan._plan(3, 77, True, torch.device("cpu"))
@@ -122,6 +146,14 @@ def test_plan_rules(monkeypatch):
     assert p[5] and p[3] > 64
     p = plan(16, 131072, False)
     assert not p[5] and p[:2] == (16, 256)
+    # segmented plans: one look-back launch up to ~8 programs per SM, else three launches
+    monkeypatch.setattr(_triton_scan, "LOOKBACK", None)
+    for (N, T, bm), want in {(4096, 128, False): True, (512, 128, False): True,
+                             (256, 1024, True): True, (16, 131072, False): True,
+                             (16, 131072, True): False, (1, 1_000_000, True): False,
+                             (1024, 4096, False): False, (256, 16384, False): False}.items():
+        p = plan(N, T, bm)
+        assert p[3] > 1 and _triton_scan._use_look_back(N, T, p[0], p[1], dev) == want, (N, T)
 
 
 @pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_cumsum", "linear_recurrence"])
