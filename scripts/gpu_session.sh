@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
 # Logs and tables go to $OUT.
-# usage: bash scripts/gpu_session.sh [multigpu|tests|backward|sweep|quick|bench|full|all] [bench args...]
+# usage: bash scripts/gpu_session.sh [multigpu|tests|backward|sweep|lookback|quick|bench|full|all]
+#        [bench args...]
+# Pass RL_TRITON_COMMIT=<sha> from the development machine: the device's git may be stale.
 # full: the benchmark at every shape, after warming the Triton and inductor caches
 # with one process per shape (those runs' timings are thrown away)
 set -u
@@ -29,6 +31,14 @@ if [[ $what == sweep ]]; then  # the time-major tiles, staged (pipelined) ones i
     --shapes ${SWEEP_SHAPES:-4096x128,16384x512,65536x1024,1024x4096} \
     --deadline-s $(( ${SWEEP_TIMEOUT:-200} - 20 )) --out "$OUT/tm_sweep.md" > "$OUT/tm_sweep.log" 2>&1
   cat "$OUT/tm_sweep.md"
+fi
+if [[ $what == lookback ]]; then  # segmented plans: three launches against one look-back launch
+  timeout ${LOOKBACK_TIMEOUT:-120} python scripts/lookback_bench.py --out "$OUT/lookback.md" \
+    > "$OUT/lookback.log" 2>&1
+  cat "$OUT/lookback.md"
+  RL_TRITON_CORE_LOOKBACK=1 timeout ${TEST_TIMEOUT:-240} python -m pytest tests/core -m gpu -q -n 8 \
+    -p no:cacheprovider -W ignore > "$OUT/lookback_tests.log" 2>&1
+  grep -E "^FAILED|passed|failed|error" "$OUT/lookback_tests.log" | tail -10
 fi
 if [[ $what == quick || $what == all ]]; then
   timeout ${QUICK_TIMEOUT:-200} python -m rl_triton_core.bench --no-peers --out "$OUT/kernels" \
