@@ -312,7 +312,7 @@ def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S, NB,
     tl.debug_barrier()
     tl.atomic_xchg(FL + pid_s, first.to(tl.int32) + 1, sem="release")  # 2 if first
     carry = init
-    acc_a = agg_a * 0.0
+    acc_a = tl.zeros_like(agg_a)  # not agg_a * 0: a NaN in this segment must stay in it
     acc_b = acc_a + 1.0
     w = tl.arange(0, W)
     top = pid_s + step

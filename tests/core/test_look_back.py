@@ -1,0 +1,88 @@
+"""The one-launch segmented scan (PHASE 4, decoupled look-back) in the interpreter,
+walking back over maps only (``LOOK_MAPS_ONLY``) in 4-segment windows, so several
+windows are composed: forward and backward passes (the adjoint modes 6, 7, 8), float64
+workspaces, time-major thread-per-stream tiles and several stream blocks. The GPU
+runs it for real where the plan picks it (``_use_look_back``)."""
+
+import os
+
+import pytest
+import test_autograd as ta  # a sibling module (rootdir-relative import, as core_testlib)
+import torch
+
+import rl_triton_core as rc
+import rl_triton_core.reference as ref
+from rl_triton_core import _fastpath, _triton_scan
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter only (the GPU reaches it at long T)")
+
+
+@pytest.fixture
+def lb(monkeypatch):
+    """Force PHASE 4 over maps only; returns the launches seen: (S, grid, phases)."""
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", 16)
+    monkeypatch.setattr(_triton_scan, "LOOKBACK", True)
+    monkeypatch.setattr(_triton_scan, "LOOK_MAPS_ONLY", True)
+    monkeypatch.setattr(_triton_scan, "LOOK_W", 4)
+    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    seen = []
+    real = _triton_scan.launch
+
+    def spy(*a, **k):
+        args, ws_spec, launched = real(*a, **k)
+        seen.append((args[-2], launched[0][1], [c["PHASE"] for _, _, c in launched]))
+        return args, ws_spec, launched
+
+    monkeypatch.setattr(_triton_scan, "launch", spy)
+    return seen
+
+
+BACKWARD = ["gae_shifted", "lambda_shifted", "vtrace_shifted", "vtrace_shifted_tensor_coefs",
+            "linrec_reverse", "linrec_forward", "traces", "cumsum"]
+
+
+@pytest.mark.parametrize("layout", [((3, 80), -1), ((80, 40), 0), ((20, 80), -1)])
+@pytest.mark.parametrize("case", BACKWARD)
+def test_look_back_forward_and_backward_fp64(case, layout, lb):
+    """Outputs and gradients against autograd through the float64 reference."""
+    shape, td = layout
+    fn, wrt = ta.CASES[case]
+    wrt = wrt.split()
+    inputs = ta._inputs(1234, shape, td, "cpu")
+    xs = [inputs[k].requires_grad_(True) for k in wrt]
+    out = fn(rc, dict(inputs, **dict(zip(wrt, xs))), td)
+    out = out if isinstance(out, tuple) else (out,)
+    ref_xs = [x.detach().clone().requires_grad_(True) for x in xs]
+    want = fn(ref, dict(inputs, **dict(zip(wrt, ref_xs))), td)
+    want = want if isinstance(want, tuple) else (want,)
+    for o, w in zip(out, want):
+        torch.testing.assert_close(o.detach(), w.detach(), rtol=1e-9, atol=1e-9)
+    g = torch.Generator().manual_seed(7)
+    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in want]
+    got = torch.autograd.grad(sum((o * w).sum() for o, w in zip(out, weights)), xs)
+    exp = torch.autograd.grad(sum((o * w).sum() for o, w in zip(want, weights)), ref_xs)
+    for name, gg, wg in zip(wrt, got, exp):
+        torch.testing.assert_close(gg, wg, rtol=1e-9, atol=1e-9, msg=f"d/d{name}")
+    # every launch took PHASE 4 with more than LOOK_W segments (several windows)
+    assert lb and all(ph == [4] and S > 4 for S, _, ph in lb), lb
+    if td == 0 or shape[0] == 20:
+        assert any(grid[0] > S for S, grid, _ in lb), lb  # several stream blocks
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_look_back_non_finite_stays_local(reverse, lb):
+    """A NaN at one step reaches only the steps after it in scan order, as in the
+    reference and the three launches (found in review: the walk-back's accumulator
+    was once built from the segment's own map)."""
+    T = 64
+    x = torch.randn(2, T, dtype=torch.float64)
+    beta = torch.full((2, T), 0.5, dtype=torch.float64)
+    bad = 16 if reverse else 31  # the last step, in scan order, of segment 1
+    x[0, bad] = float("nan")
+    want = ref.linear_recurrence(x, beta, reverse=reverse)
+    got = rc.linear_recurrence(x, beta, reverse=reverse)
+    assert lb and lb[0][2] == [4]
+    bad_steps = (torch.isnan(got) & ~torch.isnan(want)).nonzero().tolist()
+    assert not bad_steps, f"NaN where the reference is finite: {bad_steps}"
