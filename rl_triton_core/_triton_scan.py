@@ -728,10 +728,10 @@ def launch(out0, out1, so, slots, mode, reverse, N, N2, T, two_out, fp64, time_c
     launched = []
     for phase in phases:
         consts = {**flags, "PHASE": phase}
-        g = grid
+        pgrid = grid
         if phase == 3:  # the middle pass: one program per stream block, BLOCK_S maps a step
-            g = (grid[0], 1)
+            pgrid = (grid[0], 1)
             consts["BLOCK_S"] = max(2, min(triton.next_power_of_2(S), MIDDLE_ELEMS // block_n))
-        kernel = scan_kernel[g](*args, **consts, num_warps=num_warps)
-        launched.append((kernel, g, consts))
+        kernel = scan_kernel[pgrid](*args, **consts, num_warps=num_warps)
+        launched.append((kernel, pgrid, consts))
     return args, ws_spec, launched

@@ -87,7 +87,7 @@ def gen(seed) -> torch.Generator:
 @pytest.fixture
 def segments(impl, monkeypatch):
     """``segments(n)``: for the rest of the test, the Triton launches split time into
-    segments of n steps (the two-phase carry that long streams take), so that small
+    segments of n steps (the segmented carry that long streams take), so that small
     shapes reach that path too; a no-op for ``n=None`` and on the CPU path."""
 
     def force(seg_len):

@@ -178,7 +178,7 @@ def test_only_one_output_used(case, which, impl, seed):
 @pytest.mark.parametrize("case", ["gae_shifted", "vtrace_shifted", "vtrace_shifted_tensor_coefs",
                                   "linrec_reverse", "linrec_forward", "traces"])
 def test_reference_gradients_segmented(case, impl, seed, segments):
-    """The backward scans through the two-phase (segmented) kernel path: 40 steps in
+    """The backward scans through the segmented kernel path: 40 steps in
     segments of 16."""
     segments(16)
     # the tensor-threshold case: enough streams x segment starts (6 x 4) that a ratio

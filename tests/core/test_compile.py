@@ -82,7 +82,7 @@ def test_fullgraph_compile_on_cuda_matches_eager(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(3, 40), (1, 70_000)])  # the second runs two phases
+@pytest.mark.parametrize("shape", [(3, 40), (1, 70_000)])  # the second splits time
 def test_cuda_graph_capture_and_replay(shape, monkeypatch):
     """Every estimator inside one captured CUDA graph: no host sync, no allocation
     outside the caching allocator. Replays on fresh data give the eager numbers."""

@@ -6,7 +6,7 @@ The case matrix crosses layouts (batch shape, position of the time axis) with T 
 {1, 2, 7, 33, 70}; the other choices (dtype, flag dtype and pattern, memory view, how
 next values are given, gamma/lmbda as numbers or tensors) are spread over the cases by a
 fixed pseudo-random assignment, visible in each test id; on the Triton backends about
-half the cases force the segmented (two-phase) path with segments of 16 steps. Values are
+half the cases force the segmented path with segments of 16 steps. Values are
 random per run: the seed is shown when a test fails (rerun with RL_TEST_SEED=<seed>).
 """
 

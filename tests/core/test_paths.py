@@ -1,6 +1,7 @@
 """The execution paths a small random test would miss: time split into segments
-(a few long streams: the CPU path's threads, the kernel's two-phase carry) and the
-cached launch that skips validation on repeated calls (CUDA)."""
+(a few long streams: the CPU path's threads; the kernel's segmented carry, in three
+launches or one look-back launch) and the cached launch that skips validation on
+repeated calls (CUDA)."""
 
 import pytest
 import torch
