@@ -17,6 +17,8 @@ PHASE 1 stores each segment's composed map (A, B) in a workspace, PHASE 3 (one
 program per stream block) composes those maps once, in time order, into the
 carry leaving each segment, and PHASE 2 scans each segment again from the carry
 entering it and writes the outputs. PHASE 0 is the single-pass case (S = 1).
+Where all programs fit on the GPU at once, PHASE 4 does it in one launch instead:
+a chunk per program, the carry from a decoupled look-back (``_look_back``).
 """
 
 from __future__ import annotations
@@ -281,7 +283,7 @@ def _coefficients(
 
 
 @triton.jit
-def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S, NB,
+def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
                REVERSE: tl.constexpr, W: tl.constexpr, MAPS_ONLY: tl.constexpr):
     """PHASE 4 (one pass, decoupled look-back): the carry entering segment ``pid_s``.
 
@@ -487,8 +489,8 @@ def scan_kernel(
                 edge = BLOCK_T - 1
             if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
                 carry = _look_back(WS, _column(A, cols, edge), _column(B, cols, edge), carry,
-                                   n, nmask, pid_n, pid_s, N, S, tl.cdiv(N, BLOCK_N), REVERSE,
-                                   LOOK_W, LOOK_MAPS_ONLY)
+                                   n, nmask, pid_n, pid_s, N, S, REVERSE, LOOK_W,
+                                   LOOK_MAPS_ONLY)
                 carry_seg = carry
             if PHASE == 1:
                 carry_a = _column(A, cols, edge) + _column(B, cols, edge) * carry_a
