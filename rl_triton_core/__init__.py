@@ -8,8 +8,16 @@ eligibility traces, episodic sums) is a first-order linear recurrence
 
 whose coefficients are built from the raw inputs inside one Triton kernel on CUDA
 tensors, or inside one compiled (numba) loop on CPU tensors.
+
+Layers, each importing only those below it: ``estimators`` (the public functions:
+signatures, docstrings) -> ``_ops`` (one custom op per estimator, for torch.compile)
+-> ``_autograd`` (the autograd Functions and backward passes) -> ``_call`` (checks and
+the cached launch) -> ``_dispatch`` (the backend) -> ``_launch`` and ``_kernel`` (Triton,
+imported on first CUDA use) or ``_cpu`` (numba); ``_table`` (one row per estimator),
+``_config`` (the tuning knobs), ``_layout`` and ``_validate`` serve them all.
 """
 
+from rl_triton_core._config import Tuning, current_tuning, tuning
 from rl_triton_core.estimators import (
     discounted_returns,
     eligibility_traces,
@@ -32,5 +40,8 @@ __all__ = [
     "vtrace",
     "retrace",
     "retrace_from_actions",
+    "Tuning",
+    "tuning",
+    "current_tuning",
 ]
 __version__ = "0.1.0"

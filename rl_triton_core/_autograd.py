@@ -1,6 +1,12 @@
 r"""Backward passes: every gradient is the adjoint of a linear recurrence, run with the
-library's own scan (the public :func:`linear_recurrence`, i.e. the Triton kernel or the
-CPU path), plus elementwise torch ops. Nothing goes through the Python reference loop.
+library's own scan (a fused adjoint mode of the kernel on the Triton path; the
+primitive's launch plus elementwise torch ops otherwise). Nothing goes through the
+Python reference loop or the public API.
+
+Layers: the ``autograd.Function`` classes here run the forward through ``_call`` (the
+cached launch or the full path) and their backward through the launchers; the public
+estimators call :func:`apply`, and the custom ops of ``_ops`` reuse the same backward
+functions (``*_backward``) for ``torch.compile``.
 
 The adjoint
 -----------
@@ -55,17 +61,43 @@ dL/dV_t, and dL/dbootstrap_value = dL/dV'_{T-1} (summed over the axes it was bro
 
 Precision: the backward of fp16/bf16 data runs in float32 (the scan accumulates in
 float32 anyway) and returns gradients in the input's dtype. Each backward is itself built
-from differentiable ops and the public scan, so double backward works where the upstream
+from differentiable ops and the scan, so double backward works where the upstream
 gradient is the variable (the coefficients are constants).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from rl_triton_core._layout import aligned_strides, normalize_time_dim
+from rl_triton_core import _call, _dispatch
+from rl_triton_core import _validate as check
+from rl_triton_core._layout import Layout, aligned_strides, normalize_time_dim
+from rl_triton_core._table import (
+    MODE_GAE,
+    MODE_GAE_BWD,
+    MODE_TD_BWD,
+    MODE_TRACE,
+    MODE_VTRACE_BWD,
+    TABLE,
+    Estimator,
+)
 
 _HALF = (torch.float16, torch.bfloat16)
+_LINREC = TABLE["linear_recurrence"]
+
+
+def wants_grad(spec: Estimator, raw: tuple) -> bool:
+    """Whether a call needs the autograd path: grad mode on and a differentiable input
+    that requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    for pos in spec.grad_pos:
+        t = raw[pos]
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
 
 
 def _cdtype(dtype: torch.dtype) -> torch.dtype:
@@ -79,6 +111,13 @@ def _coef(c, dtype, device):
     if isinstance(c, torch.Tensor):
         return c.detach().to(device=device, dtype=dtype)
     return float(c)
+
+
+def _constant(coefficient):
+    """A validated (number, tensor) coefficient as the backward kernels take it: the
+    tensor detached (flags, gamma, lambda and the clip thresholds are constants)."""
+    value, tensor = coefficient
+    return value, None if tensor is None else tensor.detach()
 
 
 def _min(a: torch.Tensor, b) -> torch.Tensor:
@@ -119,145 +158,22 @@ def _grad(g, shape, dtype, device) -> torch.Tensor:
     return g.to(dtype).contiguous()
 
 
+def _cast(g, dtype):
+    return None if g is None else g.to(dtype)
+
+
 def _scan(alpha, beta, *, reverse, td):
-    from rl_triton_core.estimators import linear_recurrence
-
-    return linear_recurrence(alpha, beta.contiguous(), reverse=reverse, time_dim=td)
-
-
-# ----------------------------------------------------------- gae / TD(lambda) / returns
-
-
-class _Returns(torch.autograd.Function):
-    """GAE (gae=True) or TD(lambda) returns with a backward pass."""
-
-    @staticmethod
-    def forward(ctx, fn, gae, td, rewards, values, next_values, bootstrap_value, terminated,
-                truncated, gamma, lmbda):
-        with torch.no_grad():
-            out = fn(rewards, values, next_values, bootstrap_value)
-        ctx.gae, ctx.td = gae, td
-        ctx.has = (values is not None, next_values is not None, bootstrap_value is not None)
-        ctx.coef = (gamma, lmbda)
-        ctx.save_for_backward(terminated, truncated)
-        ctx.shape = rewards.shape
-        ctx.dtype = out[0].dtype if gae else out.dtype
-        ctx.boot_shape = None if bootstrap_value is None else bootstrap_value.shape
-        return out
-
-    @staticmethod
-    def backward(ctx, *grads):
-        terminated, truncated = ctx.saved_tensors
-        td, shape = ctx.td, ctx.shape
-        dtype = _cdtype(ctx.dtype)
-        device = terminated.device
-        has_v, has_nv, has_boot = ctx.has
-        nones = (None,) * 11
-        if shape[td] == 0:  # empty time axis: zero gradients
-            z = torch.zeros(shape, dtype=ctx.dtype, device=device)
-            boot = None if not has_boot else torch.zeros(ctx.boot_shape, dtype=ctx.dtype,
-                                                         device=device)
-            return (*nones[:3], z, z if has_v else None, z if has_nv else None, boot,
-                    *nones[:4])
-        if _fused(device):
-            return _returns_backward_fused(ctx, grads, terminated, truncated, dtype)
-        gamma, lmbda = (_coef(c, dtype, device) for c in ctx.coef)
-        term, done = _flags(terminated, truncated, dtype)
-        if ctx.gae:
-            g_adv, g_target = (_grad(g, shape, dtype, device) for g in grads)
-            g_h = g_adv + g_target
-            beta = gamma * lmbda * (1.0 - done)
-            a_v_next = gamma * (1.0 - term)
-        else:
-            g_target = None
-            g_h = _grad(grads[0], shape, dtype, device)
-            c = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
-            beta = gamma * (1.0 - term) * lmbda * c
-            a_v_next = gamma * (1.0 - term) * (1.0 - lmbda * c)
-        u = _scan(g_h, _prev(torch.broadcast_to(beta, shape), td), reverse=False, td=td)
-        g_rewards = u
-        g_vnext = torch.broadcast_to(a_v_next * u, shape)
-        g_values = g_next = g_boot = None
-        if has_v:
-            g_values = -u + g_target if ctx.gae else torch.zeros_like(u)
-        if has_nv:
-            g_next = g_vnext
-        else:
-            if has_v:  # V'_{t-1} = V_t for t >= 1
-                g_values = g_values + _prev(g_vnext, td)
-            if has_boot:  # V'_{T-1} = bootstrap_value (summed over axes it was broadcast on)
-                g_boot = g_vnext.select(td, shape[td] - 1)
-                g_boot = g_boot.sum_to_size(ctx.boot_shape)
-        d = ctx.dtype
-        return (None, None, None, g_rewards.to(d), _cast(g_values, d), _cast(g_next, d),
-                _cast(g_boot, d), None, None, None, None)
+    """The primitive's scan (cached launch or full path), for the torch-op backwards;
+    differentiable itself where grad mode is on (double backward)."""
+    raw = (alpha, beta.contiguous(), None, reverse, None, None)
+    if wants_grad(_LINREC, raw):
+        return apply(_LINREC, raw, td)
+    return _call.forward(_LINREC, raw, td)
 
 
 def _fused(device) -> bool:
-    """The Triton backend runs the adjoint and the values' gradient in one kernel pass."""
-    from rl_triton_core._dispatch import backend_for
-
-    return backend_for(device) == "triton"
-
-
-def _returns_backward_fused(ctx, grads, terminated, truncated, dtype):
-    """_Returns.backward through the kernel's adjoint modes: one pass reads the upstream
-    gradients and the flags and writes dL/drewards (= u) and, for shifted values,
-    dL/dvalues; the other gradients are O(N) (bootstrap) or one elementwise pass
-    (explicit next values)."""
-    from rl_triton_core import _fastpath
-    from rl_triton_core import _validate as check
-    from rl_triton_core._dispatch import run
-    from rl_triton_core._layout import Layout
-    from rl_triton_core._triton_scan import MODE_GAE_BWD, MODE_TD_BWD
-
-    td, shape = ctx.td, ctx.shape
-    device = terminated.device
-    has_v, has_nv, has_boot = ctx.has
-    # autograd materialises the gradient of an unused output as zeros (never None here)
-    g0 = grads[0]
-    g_target = grads[1] if ctx.gae else None
-    shifted_values = has_v and not has_nv
-    mode = MODE_GAE_BWD if ctx.gae else MODE_TD_BWD
-    # the cached launch, as the forward's: a training loop repeats the same shapes
-    slots = (g0, g_target, None, terminated, truncated, None, None, None, *ctx.coef,
-             None, None, None, None, None)
-    key = _fastpath.key_of((mode, td, shifted_values, dtype), slots)
-    out = _fastpath.lookup(key, slots)
-    if out is None:
-        g, l = (_constant(check.coefficient(n, c, shape))
-                for n, c in zip(("gamma", "lmbda"), ctx.coef))
-        out = run(mode, Layout(shape, td), dtype, device, x=g0, v=g_target, term=terminated,
-                  trunc=truncated, g=g, l=l, reverse=False, two_out=shifted_values,
-                  fast=(key, slots))
-    u, g_values = out if shifted_values else (out, None)
-    g_next = g_boot = None
-    if has_nv:  # dL/dV'_t = a_t u_t
-        gamma, lmbda = (_coef(c, dtype, device) for c in ctx.coef)
-        term, done = _flags(terminated, truncated, dtype)
-        a = gamma * (1.0 - term)
-        if not ctx.gae:
-            c = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
-            a = a * (1.0 - lmbda * c)
-        g_next = torch.broadcast_to(a * u, shape)
-    elif has_boot:  # V'_{T-1} = bootstrap_value: a_{T-1} = gamma_{T-1} (1 - term_{T-1}) in both
-        g_boot = _boot_grad(ctx.coef[0], terminated, u, shape, td, dtype, device)
-        g_boot = g_boot.sum_to_size(ctx.boot_shape)
-    if has_v and g_values is None:
-        if ctx.gae:
-            g_values = -u if g_target is None else g_target.to(dtype) - u
-        else:
-            g_values = torch.zeros_like(u)
-    d = ctx.dtype
-    return (None, None, None, u.to(d), _cast(g_values, d), _cast(g_next, d), _cast(g_boot, d),
-            None, None, None, None)
-
-
-def _constant(coefficient):
-    """A validated (number, tensor) coefficient as the backward kernels take it: the
-    tensor detached (flags, gamma, lambda and the clip thresholds are constants)."""
-    value, tensor = coefficient
-    return value, None if tensor is None else tensor.detach()
+    """The Triton backend runs the adjoints (and the values' gradient) in one kernel pass."""
+    return _dispatch.backend_for(device) == "triton"
 
 
 def _boot_grad(gamma, terminated, g, shape, td, dtype, device):
@@ -275,132 +191,200 @@ def _boot_grad(gamma, terminated, g, shape, td, dtype, device):
     return (1.0 - term.to(dtype)) * g_last
 
 
-def _cast(g, dtype):
-    return None if g is None else g.to(dtype)
+@dataclass(frozen=True)
+class Saved:
+    """What a backward needs besides the saved tensors: the time axis, the shapes, the
+    output dtype, which optional inputs were given, the constant coefficients."""
+
+    td: int
+    shape: tuple
+    dtype: torch.dtype
+    has: tuple  # (values, next_values, bootstrap_value) / (init,) / (init,)
+    coefs: tuple  # raw gamma, lmbda (, rho_bar, c_bar, pg_rho_bar)
+    side_shape: tuple | None  # bootstrap_value's / init's / beta's shape
 
 
-def returns(fn, gae, td, rewards, values, next_values, bootstrap_value, terminated, truncated,
-            gamma, lmbda):
-    """Run ``fn(rewards, values, next_values, bootstrap_value)`` with a backward pass."""
-    return _Returns.apply(fn, gae, td, rewards, values, next_values, bootstrap_value,
-                          terminated, truncated, gamma, lmbda)
+# ----------------------------------------------------------- gae / TD(lambda) / returns
+
+
+def returns_backward(gae: bool, s: Saved, terminated, truncated, grads):
+    """(dL/drewards, dL/dvalues, dL/dnext_values, dL/dbootstrap_value) of GAE
+    (``gae``) or TD(lambda) returns; None for an input that was not given."""
+    td, shape = s.td, s.shape
+    dtype = _cdtype(s.dtype)
+    device = terminated.device
+    has_v, has_nv, has_boot = s.has
+    if shape[td] == 0:  # empty time axis: zero gradients
+        z = torch.zeros(shape, dtype=s.dtype, device=device)
+        boot = torch.zeros(s.side_shape, dtype=s.dtype, device=device) if has_boot else None
+        return z, z if has_v else None, z if has_nv else None, boot
+    if _fused(device):
+        return _returns_backward_fused(gae, s, terminated, truncated, grads, dtype)
+    gamma, lmbda = (_coef(c, dtype, device) for c in s.coefs)
+    term, done = _flags(terminated, truncated, dtype)
+    if gae:
+        g_adv, g_target = (_grad(g, shape, dtype, device) for g in grads)
+        g_h = g_adv + g_target
+        beta = gamma * lmbda * (1.0 - done)
+        a_v_next = gamma * (1.0 - term)
+    else:
+        g_target = None
+        g_h = _grad(grads[0], shape, dtype, device)
+        c = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
+        beta = gamma * (1.0 - term) * lmbda * c
+        a_v_next = gamma * (1.0 - term) * (1.0 - lmbda * c)
+    u = _scan(g_h, _prev(torch.broadcast_to(beta, shape), td), reverse=False, td=td)
+    g_vnext = torch.broadcast_to(a_v_next * u, shape)
+    g_values = g_next = g_boot = None
+    if has_v:
+        g_values = -u + g_target if gae else torch.zeros_like(u)
+    if has_nv:
+        g_next = g_vnext
+    else:
+        if has_v:  # V'_{t-1} = V_t for t >= 1
+            g_values = g_values + _prev(g_vnext, td)
+        if has_boot:  # V'_{T-1} = bootstrap_value (summed over axes it was broadcast on)
+            g_boot = g_vnext.select(td, shape[td] - 1).sum_to_size(s.side_shape)
+    d = s.dtype
+    return u.to(d), _cast(g_values, d), _cast(g_next, d), _cast(g_boot, d)
+
+
+def _returns_backward_fused(gae, s, terminated, truncated, grads, dtype):
+    """returns_backward through the kernel's adjoint modes: one pass reads the upstream
+    gradients and the flags and writes dL/drewards (= u) and, for shifted values,
+    dL/dvalues; the other gradients are O(N) (bootstrap) or one elementwise pass
+    (explicit next values)."""
+    td, shape = s.td, s.shape
+    device = terminated.device
+    has_v, has_nv, has_boot = s.has
+    # autograd materialises the gradient of an unused output as zeros (never None here)
+    g0 = grads[0] if grads[0] is not None else torch.zeros(shape, dtype=dtype, device=device)
+    g_target = grads[1] if gae else None
+    shifted_values = has_v and not has_nv
+    mode = MODE_GAE_BWD if gae else MODE_TD_BWD
+    gamma, lmbda = s.coefs
+    # the cached launch, as the forward's: a training loop repeats the same shapes
+    raw = (g0, g_target, terminated, truncated, gamma, lmbda, None, None)
+    key, out = _dispatch.cached((mode, td, shifted_values, dtype), raw)
+    if out is None:
+        coefs = {"g": _constant(check.coefficient("gamma", gamma, shape)),
+                 "lm": _constant(check.coefficient("lmbda", lmbda, shape))}
+        out = _dispatch.run(mode, Layout(shape, td), dtype, device,
+                            {"x": g0, "v": g_target, "term": terminated, "trunc": truncated},
+                            coefs, reverse=False, n_out=2 if shifted_values else 1,
+                            fast=(key, raw, _BWD_INDEX))
+    u, g_values = out if shifted_values else (out, None)
+    g_next = g_boot = None
+    if has_nv:  # dL/dV'_t = a_t u_t
+        gamma_c, lmbda_c = (_coef(c, dtype, device) for c in s.coefs)
+        term, done = _flags(terminated, truncated, dtype)
+        a = gamma_c * (1.0 - term)
+        if not gae:
+            c = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
+            a = a * (1.0 - lmbda_c * c)
+        g_next = torch.broadcast_to(a * u, shape)
+    elif has_boot:  # V'_{T-1} = bootstrap_value: a_{T-1} = gamma_{T-1} (1 - term_{T-1}) in both
+        g_boot = _boot_grad(gamma, terminated, u, shape, td, dtype, device)
+        g_boot = g_boot.sum_to_size(s.side_shape)
+    if has_v and g_values is None:
+        if gae:
+            g_values = -u if g_target is None else g_target.to(dtype) - u
+        else:
+            g_values = torch.zeros_like(u)
+    d = s.dtype
+    return u.to(d), _cast(g_values, d), _cast(g_next, d), _cast(g_boot, d)
+
+
+# slot -> position in the fused backwards' raw tuples (upstream gradients, flags, coefficients)
+_BWD_INDEX = {"x": 0, "v": 1, "term": 2, "trunc": 3, "g": 4, "lm": 5}
+_VTRACE_BWD_INDEX = {"x": 0, "v": 1, "term": 2, "trunc": 3, "rho": 4, "g": 5, "lm": 6,
+                     "rb": 7, "cb": 8, "pb": 9}
 
 
 # ------------------------------------------------------------------------- V-trace
 
 
-class _VTrace(torch.autograd.Function):
-    """V-trace ``(vs, pg_advantages)`` with gradients to rewards, values, next_values and
-    bootstrap_value (log_rhos, flags, gamma, lambda and the thresholds are constants)."""
-
-    @staticmethod
-    def forward(ctx, fn, time_dim, rewards, values, next_values, bootstrap_value, log_rhos,
-                terminated, truncated, coefs):
-        with torch.no_grad():
-            vs, pg = fn(rewards, values, next_values, bootstrap_value)
-        ctx.td = normalize_time_dim(time_dim, vs.dim())
-        ctx.has = (next_values is not None, bootstrap_value is not None)
-        ctx.coefs = coefs
-        ctx.boot_shape = None if bootstrap_value is None else bootstrap_value.shape
-        ctx.dtype = vs.dtype
-        ctx.save_for_backward(log_rhos, terminated, truncated)
-        return vs, pg
-
-    @staticmethod
-    def backward(ctx, g_vs, g_pg):
-        log_rhos, terminated, truncated = ctx.saved_tensors
-        td, shape, out_dtype = ctx.td, log_rhos.shape, ctx.dtype
-        dtype, device = _cdtype(out_dtype), log_rhos.device
-        has_nv, has_boot = ctx.has
-        T = shape[td]
-        if T == 0:
-            z = torch.zeros(shape, dtype=out_dtype, device=device)
-            boot = torch.zeros(ctx.boot_shape, dtype=out_dtype, device=device) \
-                if has_boot else None
-            return None, None, z, z, z if has_nv else None, boot, None, None, None, None
-        if _fused(device) and not has_nv:
-            return _vtrace_backward_fused(ctx, g_vs, g_pg, log_rhos, terminated, truncated,
-                                          dtype)
-        gamma, lmbda, rho_bar, c_bar, pg_rho_bar = (_coef(c, dtype, device) for c in ctx.coefs)
-        term, done = _flags(terminated, truncated, dtype, shape)
-        ratio = log_rhos.detach().to(dtype).exp()
-        rho = _min(ratio, rho_bar)
-        pgrho = _min(ratio, pg_rho_bar)
-        beta = torch.broadcast_to(gamma * (1.0 - done) * lmbda * _min(ratio, c_bar), shape)
-        gnt = gamma * (1.0 - term)
-        cont = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
-        gv = _grad(g_vs, shape, dtype, device)
-        gp = _grad(g_pg, shape, dtype, device)
-        gvs = gv + _prev(pgrho * gnt * cont * gp, td)  # pg_{t-1} reads vs_t
-        u = _scan(gvs, _prev(beta, td), reverse=False, td=td)
-        ru, pgg = rho * u, pgrho * gp
-        g_rewards = ru + pgg
-        g_values = gvs - ru - pgg
-        g_vnext = torch.broadcast_to(gnt * (ru + pgg * (1.0 - cont)), shape)
-        g_next = g_boot = None
-        if has_nv:
-            g_next = g_vnext
-        else:
-            g_values = g_values + _prev(g_vnext, td)  # V'_{t-1} = V_t for t >= 1
-            if has_boot:
-                g_boot = g_vnext.select(td, T - 1).sum_to_size(ctx.boot_shape)
-        d = out_dtype
-        return (None, None, g_rewards.to(d), g_values.to(d), _cast(g_next, d), _cast(g_boot, d),
-                None, None, None, None)
+def vtrace_backward(s: Saved, log_rhos, terminated, truncated, g_vs, g_pg):
+    """(dL/drewards, dL/dvalues, dL/dnext_values, dL/dbootstrap_value) of V-trace
+    (log_rhos, flags, gamma, lambda and the thresholds are constants)."""
+    td, shape, out_dtype = s.td, s.shape, s.dtype
+    dtype, device = _cdtype(out_dtype), log_rhos.device
+    _, has_nv, has_boot = s.has
+    T = shape[td]
+    if T == 0:
+        z = torch.zeros(shape, dtype=out_dtype, device=device)
+        boot = torch.zeros(s.side_shape, dtype=out_dtype, device=device) if has_boot else None
+        return z, z, z if has_nv else None, boot
+    if _fused(device) and not has_nv:
+        return _vtrace_backward_fused(s, g_vs, g_pg, log_rhos, terminated, truncated, dtype)
+    gamma, lmbda, rho_bar, c_bar, pg_rho_bar = (_coef(c, dtype, device) for c in s.coefs)
+    term, done = _flags(terminated, truncated, dtype, shape)
+    ratio = log_rhos.detach().to(dtype).exp()
+    rho = _min(ratio, rho_bar)
+    pgrho = _min(ratio, pg_rho_bar)
+    beta = torch.broadcast_to(gamma * (1.0 - done) * lmbda * _min(ratio, c_bar), shape)
+    gnt = gamma * (1.0 - term)
+    cont = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
+    gv = _grad(g_vs, shape, dtype, device)
+    gp = _grad(g_pg, shape, dtype, device)
+    gvs = gv + _prev(pgrho * gnt * cont * gp, td)  # pg_{t-1} reads vs_t
+    u = _scan(gvs, _prev(beta, td), reverse=False, td=td)
+    ru, pgg = rho * u, pgrho * gp
+    g_rewards = ru + pgg
+    g_values = gvs - ru - pgg
+    g_vnext = torch.broadcast_to(gnt * (ru + pgg * (1.0 - cont)), shape)
+    g_next = g_boot = None
+    if has_nv:
+        g_next = g_vnext
+    else:
+        g_values = g_values + _prev(g_vnext, td)  # V'_{t-1} = V_t for t >= 1
+        if has_boot:
+            g_boot = g_vnext.select(td, T - 1).sum_to_size(s.side_shape)
+    d = out_dtype
+    return g_rewards.to(d), g_values.to(d), _cast(g_next, d), _cast(g_boot, d)
 
 
-def _vtrace_backward_fused(ctx, g_vs, g_pg, log_rhos, terminated, truncated, dtype):
-    """_VTrace.backward (shifted values) through the kernel's adjoint mode: one pass
+def _vtrace_backward_fused(s, g_vs, g_pg, log_rhos, terminated, truncated, dtype):
+    """vtrace_backward (shifted values) through the kernel's adjoint mode: one pass
     reads dL/dvs, dL/dpg, the ratios and the flags and writes dL/drewards and
     dL/dvalues; the bootstrap value's gradient is O(N)."""
-    from rl_triton_core import _fastpath
-    from rl_triton_core import _validate as check
-    from rl_triton_core._dispatch import run
-    from rl_triton_core._layout import Layout
-    from rl_triton_core._triton_scan import MODE_VTRACE_BWD
-
-    td, shape = ctx.td, log_rhos.shape
+    td, shape = s.td, s.shape
     device = log_rhos.device
-    gamma, lmbda, rho_bar, c_bar, pg_rho_bar = ctx.coefs
-    slots = (g_vs, g_pg, None, terminated, truncated, None, None, log_rhos, gamma, lmbda,
-             rho_bar, c_bar, pg_rho_bar, None, None)
-    key = _fastpath.key_of((MODE_VTRACE_BWD, td, dtype), slots)
-    out = _fastpath.lookup(key, slots)
+    gamma, lmbda, rho_bar, c_bar, pg_rho_bar = s.coefs
+    if g_vs is None:
+        g_vs = torch.zeros(shape, dtype=dtype, device=device)
+    if g_pg is None:
+        g_pg = torch.zeros(shape, dtype=dtype, device=device)
+    raw = (g_vs, g_pg, terminated, truncated, log_rhos, gamma, lmbda, rho_bar, c_bar,
+           pg_rho_bar, None, None)
+    key, out = _dispatch.cached((MODE_VTRACE_BWD, td, dtype), raw)
     if out is None:
         def coef(name, c, hi=1.0):
             return _constant(check.coefficient(name, c, shape, hi=hi))
 
-        out = run(MODE_VTRACE_BWD, Layout(shape, td), dtype, device, x=g_vs, v=g_pg,
-                  term=terminated, trunc=truncated, g=coef("gamma", gamma),
-                  l=coef("lmbda", lmbda), rho=log_rhos.detach(),
-                  rb=coef("rho_bar", rho_bar, None), cb=coef("c_bar", c_bar, None),
-                  pb=coef("pg_rho_bar", pg_rho_bar, None), reverse=False, two_out=True,
-                  fast=(key, slots))
+        coefs = {"g": coef("gamma", gamma), "lm": coef("lmbda", lmbda),
+                 "rb": coef("rho_bar", rho_bar, None), "cb": coef("c_bar", c_bar, None),
+                 "pb": coef("pg_rho_bar", pg_rho_bar, None)}
+        out = _dispatch.run(MODE_VTRACE_BWD, Layout(shape, td), dtype, device,
+                            {"x": g_vs, "v": g_pg, "term": terminated, "trunc": truncated,
+                             "rho": log_rhos.detach()},
+                            coefs, reverse=False, n_out=2, fast=(key, raw, _VTRACE_BWD_INDEX))
     g_rewards, g_values = out
     g_boot = None
-    if ctx.has[1]:  # V'_{T-1} = bootstrap_value: gamma_{T-1} (1 - term_{T-1}) dL/dr_{T-1}
-        g_boot = _boot_grad(ctx.coefs[0], terminated, g_rewards, shape, td, dtype, device)
-        g_boot = g_boot.sum_to_size(ctx.boot_shape)
-    d = ctx.dtype
-    return (None, None, g_rewards.to(d), g_values.to(d), None, _cast(g_boot, d),
-            None, None, None, None)
-
-
-def vtrace(fn, time_dim, rewards, values, next_values, bootstrap_value, log_rhos, terminated,
-           truncated, gamma, lmbda, rho_bar, c_bar, pg_rho_bar):
-    """Run ``fn(rewards, values, next_values, bootstrap_value)`` (a V-trace call that
-    validates its inputs) with a backward pass."""
-    return _VTrace.apply(fn, time_dim, rewards, values, next_values, bootstrap_value, log_rhos,
-                         terminated, truncated, (gamma, lmbda, rho_bar, c_bar, pg_rho_bar))
+    if s.has[2]:  # V'_{T-1} = bootstrap_value: gamma_{T-1} (1 - term_{T-1}) dL/dr_{T-1}
+        g_boot = _boot_grad(gamma, terminated, g_rewards, shape, td, dtype, device)
+        g_boot = g_boot.sum_to_size(s.side_shape)
+    d = s.dtype
+    return g_rewards.to(d), g_values.to(d), None, _cast(g_boot, d)
 
 
 # ------------------------------------------------------------------- forward scans
 
 
 def _forward_decay(gamma, lmbda, done_shape, feat, dtype, device):
-    """gamma * lmbda of a forward scan, laid out as _forward_coefficient in estimators:
-    a tensor broadcastable to ``done`` gets the trailing feature axes appended, any other
-    tensor broadcasts to x itself."""
+    """gamma * lmbda of a forward scan, laid out as the forward's coefficients: a tensor
+    broadcastable to ``done`` gets the trailing feature axes appended, any other tensor
+    broadcasts to x itself."""
     out = 1.0
     for c in (gamma, lmbda):
         c = _coef(c, dtype, device)
@@ -411,142 +395,173 @@ def _forward_decay(gamma, lmbda, done_shape, feat, dtype, device):
     return out
 
 
-class _Forward(torch.autograd.Function):
-    """eligibility_traces / episodic_cumsum with gradients to x and init."""
-
-    @staticmethod
-    def forward(ctx, fn, time_dim, x, init, done, gamma, lmbda):
-        with torch.no_grad():
-            z = fn(x, init)
-        ctx.td = normalize_time_dim(time_dim, z.dim())
-        ctx.coef = (gamma, lmbda)
-        ctx.init_shape = None if init is None else init.shape
-        ctx.dtype = z.dtype
-        ctx.save_for_backward(done)
-        return z
-
-    @staticmethod
-    def backward(ctx, g):
-        (done,) = ctx.saved_tensors
-        td, shape, out_dtype = ctx.td, g.shape, ctx.dtype
-        dtype, device = _cdtype(out_dtype), g.device
-        has_init = ctx.init_shape is not None and ctx.needs_input_grad[3]
-        if shape[td] == 0:
-            z = torch.zeros(shape, dtype=out_dtype, device=device)
-            i = torch.zeros(ctx.init_shape, dtype=out_dtype, device=device) if has_init else None
-            return None, None, z, i, None, None, None
-        feat = len(shape) - done.dim()
-        fused = _fused(device)
-        # the kernel builds the decay in registers: the torch-side one only where it is read
-        decay = None if fused and not has_init else _forward_decay(
-            *ctx.coef, tuple(done.shape), feat, dtype, device)
-        # u_t = g_t + beta_{t+1} u_{t+1} with beta_{t+1} = decay_t (1 - done_t)
-        if fused:  # the kernel's trace mode run backward: one pass, no coefficients
-            u = _trace_adjoint_fused(ctx, g, done, feat, dtype)
-        else:
-            notdone = 1.0 - done.to(dtype).reshape(tuple(done.shape) + (1,) * feat)
-            u = _scan(_grad(g, shape, dtype, device),
-                      torch.broadcast_to(decay * notdone, shape), reverse=True, td=td)
-        g_init = None
-        if has_init:
-            d0 = torch.broadcast_to(decay, shape).select(td, 0) \
-                if isinstance(decay, torch.Tensor) else decay
-            g_init = (u.select(td, 0) * d0).sum_to_size(ctx.init_shape).to(out_dtype)
-        return None, None, u.to(out_dtype), g_init, None, None, None
+def forward_scan_backward(s: Saved, done, g, need_init: bool):
+    """(dL/dx, dL/dinit) of eligibility_traces / episodic_cumsum."""
+    td, shape, out_dtype = s.td, s.shape, s.dtype
+    dtype, device = _cdtype(out_dtype), done.device
+    has_init = s.has[0] and need_init
+    if shape[td] == 0:
+        z = torch.zeros(shape, dtype=out_dtype, device=device)
+        i = torch.zeros(s.side_shape, dtype=out_dtype, device=device) if has_init else None
+        return z, i
+    if g is None:
+        g = torch.zeros(shape, dtype=dtype, device=device)
+    feat = len(shape) - done.dim()
+    fused = _fused(device)
+    # the kernel builds the decay in registers: the torch-side one only where it is read
+    decay = None if fused and not has_init else _forward_decay(
+        *s.coefs, tuple(done.shape), feat, dtype, device)
+    # u_t = g_t + beta_{t+1} u_{t+1} with beta_{t+1} = decay_t (1 - done_t)
+    if fused:  # the kernel's trace mode run backward: one pass, no coefficients
+        u = _trace_adjoint_fused(s, g, done, feat, dtype)
+    else:
+        notdone = 1.0 - done.to(dtype).reshape(tuple(done.shape) + (1,) * feat)
+        u = _scan(_grad(g, shape, dtype, device),
+                  torch.broadcast_to(decay * notdone, shape), reverse=True, td=td)
+    g_init = None
+    if has_init:
+        d0 = torch.broadcast_to(decay, shape).select(td, 0) \
+            if isinstance(decay, torch.Tensor) else decay
+        g_init = (u.select(td, 0) * d0).sum_to_size(s.side_shape).to(out_dtype)
+    return u.to(out_dtype), g_init
 
 
-def _trace_adjoint_fused(ctx, g, done, feat, dtype):
+def _trace_adjoint_fused(s, g, done, feat, dtype):
     """u_t = g_t + gamma_t lambda_t (1 - done_t) u_{t+1}: the trace mode run in reverse,
     with the forward's coefficients read at step t (cached launch, like the forward's)."""
-    from rl_triton_core import _fastpath
-    from rl_triton_core._dispatch import run
-    from rl_triton_core._layout import Layout
-    from rl_triton_core._triton_scan import MODE_TRACE
-    from rl_triton_core.estimators import _forward_coefficient
-
-    td, shape = ctx.td, tuple(g.shape)
-    gamma, lmbda = ctx.coef
-    slots = (g, None, None, done, None, None, None, None, gamma, lmbda, None, None, None,
-             None, None)
-    key = _fastpath.key_of((MODE_TRACE, td, "adjoint", dtype), slots)
-    u = _fastpath.lookup(key, slots)
+    td, shape = s.td, tuple(g.shape)
+    gamma, lmbda = s.coefs
+    raw = (g, done, gamma, lmbda, None, None)
+    key, u = _dispatch.cached((MODE_TRACE, td, "adjoint", dtype), raw)
     if u is None:
         def coef(name, c):
-            return _constant(_forward_coefficient(name, c, tuple(done.shape), shape, feat))
+            return _constant(_call._forward_coefficient(name, c, tuple(done.shape), shape,
+                                                        feat))
 
         done_b = done.reshape(tuple(done.shape) + (1,) * feat)
-        u = run(MODE_TRACE, Layout(shape, td), dtype, g.device, x=g, term=done_b,
-                g=coef("gamma", gamma), l=coef("lmbda", lmbda), reverse=True,
-                fast=(key, slots))
+        coefs = {"g": coef("gamma", gamma), "lm": coef("lmbda", lmbda)}
+        u = _dispatch.run(MODE_TRACE, Layout(shape, td), dtype, g.device,
+                          {"x": g, "term": done_b}, coefs, reverse=True,
+                          fast=(key, raw, {"x": 0, "term": 1, "g": 2, "lm": 3}))
     return u
-
-
-def forward_scan(fn, time_dim, x, init, done, gamma, lmbda):
-    """Run ``fn(x, init)`` (a forward scan that validates its inputs) with a backward pass."""
-    return _Forward.apply(fn, time_dim, x, init, done, gamma, lmbda)
 
 
 # ------------------------------------------------------------------- the primitive
 
 
-class _LinRec(torch.autograd.Function):
-    """linear_recurrence with gradients to alpha, beta and init."""
+def linrec_backward(s: Saved, reverse, beta, init, h, g, needs):
+    """(dL/dalpha, dL/dbeta, dL/dinit) of linear_recurrence; ``needs``: which of the
+    three are wanted."""
+    td, shape = s.td, s.shape
+    beta_shape, init_shape = beta.shape, None if init is None else init.shape
+    out_dtype, device = h.dtype, h.device
+    dtype = _cdtype(out_dtype)
+    T = shape[td]
+    need_a, need_b, need_i = needs
+    if T == 0:
+        z = torch.zeros(shape, dtype=out_dtype, device=device)
+        return (z if need_a else None,
+                torch.zeros(beta_shape, dtype=out_dtype, device=device) if need_b else None,
+                torch.zeros(init_shape, dtype=out_dtype, device=device)
+                if need_i and init is not None else None)
+    b = torch.broadcast_to(beta.to(dtype), shape)
+    g = _grad(g, shape, dtype, device)
+    if reverse:  # u_t = g_t + beta_{t-1} u_{t-1}
+        u = _scan(g, _prev(b, td), reverse=False, td=td)
+        k = T - 1  # init enters at h_{T-1} = alpha + beta_{T-1} init
+    else:  # u_t = g_t + beta_{t+1} u_{t+1}
+        u = _scan(g, _next(b, td), reverse=True, td=td)
+        k = 0
+    g_beta = g_init = None
+    if need_b:
+        if init is None:
+            edge = torch.zeros_like(h.narrow(td, 0, 1), dtype=dtype)
+        else:
+            notime = shape[:td] + shape[td + 1:]
+            edge = torch.broadcast_to(init.to(dtype), notime).unsqueeze(td)
+        hd = h.to(dtype)
+        if reverse:  # h_{t+1}, h_T = init
+            h_other = torch.cat([hd.narrow(td, 1, T - 1), edge], td)
+        else:  # h_{t-1}, h_{-1} = init
+            h_other = torch.cat([edge, hd.narrow(td, 0, T - 1)], td)
+        g_beta = (u * h_other).sum_to_size(beta_shape).to(out_dtype)
+    if need_i and init is not None:
+        g_init = (u.select(td, k) * b.select(td, k)).sum_to_size(init_shape).to(out_dtype)
+    return u.to(out_dtype) if need_a else None, g_beta, g_init
+
+
+# ------------------------------------------------------------ autograd.Functions
+
+
+def _arg(spec, raw, name):
+    return raw[spec.args.index(name)]
+
+
+def saved_of(spec: Estimator, raw: tuple, td: int, out) -> Saved:
+    """The Saved record of a call (``out``: its first output, for the dtype)."""
+    shape = tuple(out.shape)
+    if spec.family == "returns":
+        boot = _arg(spec, raw, "bootstrap_value")
+        values = _arg(spec, raw, "values") if "values" in spec.args else None
+        coefs = tuple(_arg(spec, raw, c) for c in spec.coefs)
+        if spec.name == "discounted_returns":
+            coefs = coefs + (1.0,)
+        has = (values is not None, _arg(spec, raw, "next_values") is not None,
+               boot is not None)
+        return Saved(td, shape, out.dtype, has, coefs, None if boot is None else boot.shape)
+    if spec.family == "forward":
+        init = _arg(spec, raw, "init")
+        coefs = tuple(_arg(spec, raw, c) for c in spec.coefs) or (1.0, 1.0)
+        return Saved(td, shape, out.dtype, (init is not None,), coefs,
+                     None if init is None else tuple(init.shape))
+    return Saved(td, shape, out.dtype, (), (), None)
+
+
+class _Estimator(torch.autograd.Function):
+    """Any differentiable row of the table: the forward through ``_call`` (the cached
+    launch or the full path), the backward through the row's ``*_backward``."""
 
     @staticmethod
-    def forward(ctx, fn, time_dim, reverse, alpha, beta, init):
-        with torch.no_grad():
-            h = fn(alpha, beta, init)
-        ctx.td = normalize_time_dim(time_dim, h.dim())
-        ctx.reverse = reverse
-        ctx.shapes = (beta.shape, None if init is None else init.shape)
-        ctx.save_for_backward(beta, init, h)
-        return h
+    def forward(ctx, spec, raw, time_dim, out_arg, *diff):
+        out = _call.forward(spec, raw, time_dim, out_arg)
+        first = out[0] if spec.n_out == 2 else out
+        td = normalize_time_dim(time_dim, first.dim())
+        ctx.spec, ctx.s = spec, saved_of(spec, raw, td, first)
+        if spec.family == "returns":
+            names = ("log_rhos", "terminated", "truncated") if spec.name == "vtrace" \
+                else ("terminated", "truncated")
+            ctx.save_for_backward(*(_arg(spec, raw, n) for n in names))
+        elif spec.family == "forward":
+            ctx.save_for_backward(_arg(spec, raw, "done"))
+        else:
+            ctx.reverse = _arg(spec, raw, "reverse")
+            ctx.save_for_backward(_arg(spec, raw, "beta"), _arg(spec, raw, "init"), first)
+        return out
 
     @staticmethod
-    def backward(ctx, g):
-        beta, init, h = ctx.saved_tensors
-        td, reverse, shape = ctx.td, ctx.reverse, h.shape
-        beta_shape, init_shape = ctx.shapes
-        out_dtype, device = h.dtype, h.device
-        dtype = _cdtype(out_dtype)
-        T = shape[td]
-        need_a, need_b, need_i = ctx.needs_input_grad[3:6]
-        if T == 0:
-            z = torch.zeros(shape, dtype=out_dtype, device=device)
-            return (None, None, None, z if need_a else None,
-                    torch.zeros(beta_shape, dtype=out_dtype, device=device) if need_b else None,
-                    torch.zeros(init_shape, dtype=out_dtype, device=device) if need_i else None)
-        b = torch.broadcast_to(beta.to(dtype), shape)
-        g = _grad(g, shape, dtype, device)
-        if reverse:  # u_t = g_t + beta_{t-1} u_{t-1}
-            u = _scan(g, _prev(b, td), reverse=False, td=td)
-            k = T - 1  # init enters at h_{T-1} = alpha + beta_{T-1} init
-        else:  # u_t = g_t + beta_{t+1} u_{t+1}
-            u = _scan(g, _next(b, td), reverse=True, td=td)
-            k = 0
-        g_beta = g_init = None
-        if need_b:
-            if init is None:
-                edge = torch.zeros_like(h.narrow(td, 0, 1), dtype=dtype)
-            else:
-                notime = shape[:td] + shape[td + 1:]
-                edge = torch.broadcast_to(init.to(dtype), notime).unsqueeze(td)
-            hd = h.to(dtype)
-            if reverse:  # h_{t+1}, h_T = init
-                h_other = torch.cat([hd.narrow(td, 1, T - 1), edge], td)
-            else:  # h_{t-1}, h_{-1} = init
-                h_other = torch.cat([edge, hd.narrow(td, 0, T - 1)], td)
-            g_beta = (u * h_other).sum_to_size(beta_shape).to(out_dtype)
-        if need_i and init is not None:
-            g_init = (u.select(td, k) * b.select(td, k)).sum_to_size(init_shape).to(out_dtype)
-        return None, None, None, u.to(out_dtype) if need_a else None, g_beta, g_init
+    def backward(ctx, *grads):
+        spec, s = ctx.spec, ctx.s
+        nones = (None,) * 4
+        if spec.name == "vtrace":
+            log_rhos, terminated, truncated = ctx.saved_tensors
+            res = vtrace_backward(s, log_rhos, terminated, truncated, *grads)
+        elif spec.family == "returns":
+            terminated, truncated = ctx.saved_tensors
+            res = returns_backward(spec.mode == MODE_GAE, s, terminated, truncated, grads)
+            if spec.name == "discounted_returns":
+                res = (res[0],) + res[2:]
+        elif spec.family == "forward":
+            (done,) = ctx.saved_tensors
+            res = forward_scan_backward(s, done, grads[0], ctx.needs_input_grad[4 + 1])
+        else:
+            beta, init, h = ctx.saved_tensors
+            res = linrec_backward(s, ctx.reverse, beta, init, h, grads[0],
+                                  ctx.needs_input_grad[4:7])
+        return (*nones, *res)
 
 
-def linear_recurrence(fn, time_dim, reverse, alpha, beta, init):
-    """Run ``fn(alpha, beta, init)`` (the validating public call) with a backward pass."""
-    return _LinRec.apply(fn, time_dim, reverse, alpha, beta, init)
-
-
-def wants_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+def apply(spec: Estimator, raw: tuple, time_dim, out_arg=None):
+    """Run a differentiable estimator with a backward pass (the differentiable inputs
+    are ``spec.grads``, taken from ``raw``)."""
+    diff = tuple(_arg(spec, raw, n) for n in spec.grads)
+    return _Estimator.apply(spec, raw, time_dim, out_arg, *diff)

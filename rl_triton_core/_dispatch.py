@@ -1,7 +1,9 @@
-"""Runs one scan on the chosen backend: the Triton kernel or the numba CPU path.
+"""Runs one scan on the chosen backend: the Triton launcher or the numba CPU path.
 
-Inputs arrive validated: tensors that broadcast to ``layout.shape`` (``boot`` and
-``init`` to the shape without the time axis), gamma/lambda as (float, tensor).
+Inputs arrive validated: tensors by kernel slot that broadcast to ``layout.shape``
+(``boot`` and ``init`` to the shape without the time axis), coefficients by slot as
+(number or None, tensor or None). Triton and numba are imported on first use, so the
+CPU path runs where Triton is not installed.
 """
 
 from __future__ import annotations
@@ -12,12 +14,19 @@ import os
 import numpy as np
 import torch
 
+from rl_triton_core import _config
+from rl_triton_core._config import current_tuning
 from rl_triton_core._layout import Layout
 
 _BACKENDS = ("auto", "triton", "cpu")
+_PLANS: dict = {}  # cache key -> _launch.Plan
+_MAX_PLANS = 512
+_replay_ok = True  # False once a plan found this Triton's launcher incompatible
 
 
 def backend_for(device: torch.device) -> str:
+    """The backend a call on ``device`` takes: ``triton`` or ``cpu``
+    (``RL_TRITON_CORE_BACKEND``, read at call time)."""
     choice = os.environ.get("RL_TRITON_CORE_BACKEND", "auto")
     if choice not in _BACKENDS:
         raise ValueError(
@@ -33,18 +42,64 @@ def backend_for(device: torch.device) -> str:
     return choice
 
 
-def run(mode, layout: Layout, out_dtype, device, *, x, v=None, nv=None, term=None, trunc=None,
-        boot=None, g=(1.0, None), l=(1.0, None), init=None, rho=None, rb=(1.0, None),
-        cb=(1.0, None), pb=(1.0, None), reverse=True, two_out=False, fast=None, out=None):
+def key_of(prefix, raw, tune):
+    """The cache key of a call (``raw``: its arguments as the user passed them, out=
+    slots last), or None where only the full path applies."""
+    key = [prefix, tune]
+    for s in raw:
+        if s is None:
+            key.append(None)
+        elif type(s) is float or type(s) is int:
+            key.append(0)
+        elif type(s) is bool:
+            key.append(s)
+        elif type(s) is torch.Tensor and (s.is_cuda or tune.cpu_plans):
+            key.append((s.shape, s.stride(), s.dtype, s.device, s.data_ptr() % 16,
+                        s.requires_grad))
+        else:
+            return None
+    return tuple(key)
+
+
+def cached(prefix, raw):
+    """The cached launch of a call with these user arguments (``raw``, out= slots last):
+    ``(key, result)``; result None where there is no plan yet (then pass the key to
+    :func:`run` to record one) or only the full path applies."""
+    global _replay_ok
+    tune = _config._current
+    if not tune.cached_launch or not _replay_ok:
+        return None, None
+    key = key_of(prefix, raw, tune)
+    if key is None:
+        return None, None
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable argument (e.g. a list time_dim): the full path says why
+        return None, None
+    if plan is None:
+        return key, None
+    res = plan(raw)
+    if res is None and plan.broken:
+        _replay_ok = False
+        _PLANS.clear()
+        return None, None
+    return key, res
+
+
+def run(mode, layout: Layout, out_dtype, device, ins: dict, coefs: dict, *, reverse: bool,
+        n_out: int = 1, out=None, fast=None):
     """Allocate the outputs and run the scan; returns ``out0`` or ``(out0, out1)``.
 
+    ``ins``: kernel slot -> tensor or None; ``coefs``: slot -> (number, tensor).
     ``out_dtype``: the data's dtype (the outputs' unless ``out`` is given; float64
-    data makes the kernel compute in float64). ``out``: validated ``(out0, out1 or
-    None)`` of _validate.outputs to write into. The scan writes into them directly
-    where the layout addresses them as [N1, N2, T] (two outputs: with the same
-    strides); otherwise into fresh tensors that are then copied into them.
-    ``fast``: ``(key, slots)`` of _fastpath: record this call's launch for reuse.
+    data makes the scan compute in float64). ``out``: validated ``(out0, out1 or
+    None)`` to write into. The scan writes into them directly where the layout
+    addresses them as [N1, N2, T] (two outputs: with the same strides); otherwise into
+    fresh tensors that are then copied into them.
+    ``fast``: ``(key, raw, index)``: record this call's launch for reuse under ``key``
+    (``raw``: the user's arguments, out= slots last; ``index``: slot -> position in raw).
     """
+    two_out = n_out == 2
     like_idx = None
     user = None
     if out is not None:
@@ -59,10 +114,11 @@ def run(mode, layout: Layout, out_dtype, device, *, x, v=None, nv=None, term=Non
                 else None
             fast = None  # the plan would write into the wrong tensors: full path each time
     else:
+        x = ins["x"]
         out0 = None
         if x.shape == layout.shape:
             out0 = torch.empty_like(x, dtype=out_dtype, device=device)
-            like_idx = 0
+            like_idx = "x"
             if not layout.mergeable(out0):
                 out0, like_idx = None, None
         if out0 is None:
@@ -72,20 +128,18 @@ def run(mode, layout: Layout, out_dtype, device, *, x, v=None, nv=None, term=Non
         if out is not None:
             out0, out1 = ret
         return (out0, out1) if two_out else out0
-    inputs = dict(x=x, v=v, nv=nv, term=term, trunc=trunc, boot=boot, init=init, rho=rho,
-                  g=g, l=l, rb=rb, cb=cb, pb=pb)
+    tune = current_tuning()
     if backend_for(device) == "triton":
         if device.type == "cuda" and device.index != torch.cuda.current_device():
             # Triton launches on the current device: make it the inputs' one
             with torch.cuda.device(device):
-                _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx,
-                            out_dtype, out is not None)
+                _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx,
+                            out_dtype, out is not None, tune)
         else:
-            _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx,
-                        out_dtype, out is not None)
+            _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx,
+                        out_dtype, out is not None, tune)
     else:
-        _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init,
-                 rho, rb, cb, pb, reverse, two_out)
+        _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune)
     if user is not None:
         user[0].copy_(out0)
         if two_out:
@@ -95,45 +149,27 @@ def run(mode, layout: Layout, out_dtype, device, *, x, v=None, nv=None, term=Non
     return (out0, out1) if two_out else out0
 
 
-def _run_triton(mode, layout, out0, out1, inputs, reverse, two_out, fast, like_idx, out_dtype,
-                user_out):
-    from rl_triton_core import _fastpath, _triton_scan
+def _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx, out_dtype,
+                user_out, tune):
+    from rl_triton_core import _launch
 
-    slots = {}
-    used = {}  # for the fast path: what each pointer / scalar argument came from
-    pos = _triton_scan.ARG_START
-    for name, count in _triton_scan.ARG_ORDER:
-        item = inputs[name]
-        if name in ("g", "l", "rb", "cb", "pb"):
-            value, tensor = item
-            view = (None, 0, 0, 0) if tensor is None else layout.view3(tensor)
-            slots[name] = (*view, *_fastpath.split(1.0 if value is None else value))
-            if tensor is not None:
-                used[name] = ("tensor", pos, view[0])
-            else:
-                used[name] = ("number", pos + 4, None)
-        elif item is None:
-            slots[name] = (None,) + (0,) * (count - 1)
-        else:
-            view = layout.view3(item) if count == 4 else layout.view3_notime(item)
-            slots[name] = view
-            used[name] = ("tensor", pos, view[0])
-        pos += count
-    o = layout.view3(out0)
-    args, ws_spec, launched = _triton_scan.launch(
-        o[0], out1, o[1:], slots, mode, reverse, layout.N, layout.N2, layout.T, two_out,
-        out_dtype == torch.float64, _time_contiguous(slots["x"][3], o[3]))
-    if fast is not None and (out0.device.type == "cuda" or _fastpath.CPU_PLANS):
-        key, user_slots = fast
-        _fastpath.record(key, user_slots, used, args, ws_spec, launched, out0, out1,
-                         like_idx, out_dtype, layout.shape, user_out)
-
-
-def _time_contiguous(x_time_stride, out_time_stride) -> bool:
-    """Whether the tile should run along time (batch-major) or along streams: the data's
-    layout, or the output's where the data is broadcast along time (an upstream
-    gradient expanded from a sum, in the backward passes)."""
-    return (x_time_stride if x_time_stride != 0 else out_time_stride) == 1
+    call = _launch.launch(mode, layout, out0, out1, ins, coefs, reverse,
+                          out_dtype == torch.float64, tune)
+    if fast is not None and fast[0] is not None and (out0.device.type == "cuda"
+                                                     or tune.cpu_plans):
+        key, raw, index = fast
+        like = None if like_idx is None else index.get(like_idx)
+        if like_idx is not None and like is None:
+            return
+        plan = _launch.record(raw, index, call, out0, out1, like, out_dtype, layout.shape,
+                              user_out, len(raw) - 2)
+        if plan is not None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            try:
+                _PLANS[key] = plan
+            except TypeError:
+                pass
 
 
 _F64 = np.zeros(1)
@@ -150,12 +186,12 @@ def _s(value):
     return 1.0 if value is None else value
 
 
-def _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, rho, rb, cb, pb,
-             reverse, two_out):
-    from rl_triton_core import _cpu_scan
+def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune):
+    from rl_triton_core import _cpu
 
     N1, N2, T = layout.N1, layout.N2, layout.T
     on_cpu = out0.device.type == "cpu"
+    two_out = out1 is not None
 
     def host(t):
         t = t.detach()
@@ -183,15 +219,19 @@ def _run_cpu(mode, layout, out0, out1, x, v, nv, term, trunc, boot, g, l, init, 
     res1 = (out1 if direct else torch.empty_like(res0)) if two_out else None
     o0 = layout.as_numpy3(res0)
     o1 = layout.as_numpy3(res1) if two_out else o0
-    (gs, gt), (ls, lt), (rbs, rbt), (cbs, cbt), (pbs, pbt) = g, l, rb, cb, pb
-    fn = _cpu_scan.kernel(mode, reverse, two_out, v is not None, nv is not None,
-                          trunc is not None, boot is not None, init is not None,
-                          gt is not None, lt is not None, rbt is not None, cbt is not None,
-                          pbt is not None)
-    args = (o0, o1, a3(x), a3(v), a3(nv), a3(term, True), a3(trunc, True), a2(boot), a3(gt),
-            a3(lt), _s(gs), _s(ls), a2(init), a3(rho), a3(rbt), a3(cbt), a3(pbt), _s(rbs),
-            _s(cbs), _s(pbs))
-    _cpu_scan.run(fn, args, layout.N, T)
+    none = (None, None)
+    (gs, gt), (ls, lt), (rbs, rbt), (cbs, cbt), (pbs, pbt) = (
+        coefs.get(s, none) for s in ("g", "lm", "rb", "cb", "pb"))
+    get = ins.get
+    fn = _cpu.kernel(mode, reverse, two_out, get("v") is not None, get("nv") is not None,
+                     get("trunc") is not None, get("boot") is not None,
+                     get("init") is not None, gt is not None, lt is not None, rbt is not None,
+                     cbt is not None, pbt is not None)
+    args = (o0, o1, a3(ins["x"]), a3(get("v")), a3(get("nv")), a3(get("term"), True),
+            a3(get("trunc"), True), a2(get("boot")), a3(gt), a3(lt), _s(gs), _s(ls),
+            a2(get("init")), a3(get("rho")), a3(rbt), a3(cbt), a3(pbt), _s(rbs), _s(cbs),
+            _s(pbs))
+    _cpu.run(fn, args, layout.N, T, tune.cpu_threads)
     if not direct:
         out0.copy_(res0)
         if two_out:

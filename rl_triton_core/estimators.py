@@ -1,7 +1,7 @@
 """The public estimators. Each one validates its inputs, picks the coefficient
 builder (a MODE of the one scan) and runs it; the math lives in the docstrings
 here, in ``reference.py`` (float64 loops) and in the coefficient builders of
-``_triton_scan.py`` / ``_cpu_scan.py``.
+``_kernel.py`` / ``_cpu.py``; the plumbing comes from the table in ``_table.py``.
 
 Conventions (../shared/spec/semantics.md): flags are step-aligned,
 ``terminated_t`` cuts the bootstrap, ``done_t = terminated_t or truncated_t``
@@ -23,18 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core import _autograd, _fastpath, _ops
+from rl_triton_core import _autograd, _call, _ops
 from rl_triton_core import _validate as check
-from rl_triton_core._dispatch import run
-from rl_triton_core._layout import Layout, normalize_time_dim
-from rl_triton_core._triton_scan import (
-    MODE_GAE,
-    MODE_LINREC,
-    MODE_RETRACE,
-    MODE_TDLAMBDA,
-    MODE_TRACE,
-    MODE_VTRACE,
-)
+from rl_triton_core._layout import normalize_time_dim
+from rl_triton_core._table import TABLE
 
 __all__ = [
     "gae",
@@ -49,79 +41,41 @@ __all__ = [
 ]
 
 
-def _no_grad_out(fn, out, *tensors):
+def _front(spec, args: tuple, time_dim, out):
+    """The one front door: ``args`` in the table row's order. Under torch.compile the
+    row's custom op; with gradients the autograd Function; else the cached launch or
+    the checked full path."""
+    raw = args + _call.out_slots(out, spec.n_out)
+    if torch.compiler.is_compiling():  # one custom op per estimator in the traced graph
+        return _ops.call(spec, raw, time_dim, out)
+    if out is not None:
+        _no_grad_out(spec, out, raw)
+    if _autograd.wants_grad(spec, raw):
+        return _autograd.apply(spec, raw, time_dim)
+    return _call.forward(spec, raw, time_dim, out)
+
+
+def _no_grad_out(spec, out, raw):
     """out= with autograd is an error, as in torch: where grad mode is on and ``out`` or
-    a tensor the estimator differentiates (``tensors``) requires grad."""
+    a tensor the estimator differentiates requires grad."""
     if not torch.is_grad_enabled():
         return
     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    tensors = [raw[spec.args.index(n)] for n in spec.grads]
+    if spec.name == "retrace":  # not differentiable, but out= must not hide a grad input
+        tensors = [raw[spec.args.index(n)] for n in ("rewards", "q_values", "expected_next_q")]
     if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*tensors, *outs)):
         raise RuntimeError(
-            f"{fn}(): functions with out=... arguments don't support automatic "
+            f"{spec.name}(): functions with out=... arguments don't support automatic "
             "differentiation, but one of the arguments requires grad: call it without out= "
             "to differentiate through it (or under torch.no_grad())"
         )
 
 
-def _returns_family(mode, rewards, values, terminated, truncated, next_values, bootstrap_value,
-                    gamma, lmbda, time_dim, two_out, log_rhos=None, thresholds=None,
-                    values_name="values", next_name="next_values", out=None):
-    thresholds = thresholds or {}
-    slots = (rewards, values, next_values, terminated, truncated, bootstrap_value, None,
-             log_rhos, gamma, lmbda, thresholds.get("rho_bar"), thresholds.get("c_bar"),
-             thresholds.get("pg_rho_bar"), *_fastpath.out_slots(out, two_out))
-    key = _fastpath.key_of((mode, time_dim), slots)
-    hit = _fastpath.lookup(key, slots)
-    if hit is not None:
-        return hit
-    rewards = check.tensor("rewards", rewards)
-    shape = tuple(rewards.shape)
-    td = normalize_time_dim(time_dim, rewards.dim())
-    if values is not None:
-        values = check.tensor(values_name, values)
-        check.same_shape(values_name, values, "rewards", shape)
-    if log_rhos is not None:
-        log_rhos = check.tensor("log_rhos", log_rhos)
-        check.same_shape("log_rhos", log_rhos, "rewards", shape)
-    terminated = check.tensor("terminated", terminated, flag=True)
-    check.broadcastable("terminated", terminated, shape, "rewards' shape")
-    truncated = check.optional("truncated", truncated, flag=True)
-    if truncated is not None:
-        check.broadcastable("truncated", truncated, shape, "rewards' shape")
-    next_values = check.optional(next_name, next_values)
-    bootstrap_value = check.optional("bootstrap_value", bootstrap_value)
-    if next_values is not None:
-        if bootstrap_value is not None:
-            raise ValueError(
-                "pass next_values or bootstrap_value, not both: with next_values the "
-                "window end bootstraps from next_values[T-1]"
-            )
-        check.same_shape(next_name, next_values, "rewards", shape)
-    notime = shape[:td] + shape[td + 1 :]
-    if bootstrap_value is not None:
-        check.broadcastable("bootstrap_value", bootstrap_value, notime,
-                            "the data's shape without the time axis")
-    g = check.coefficient("gamma", gamma, shape)
-    l = check.coefficient("lmbda", lmbda, shape)
-    thr = {k: check.coefficient(k, val, shape, hi=None) for k, val in thresholds.items()}
-    dtype = check.data_dtype([("rewards", rewards), (values_name, values),
-                              (next_name, next_values), ("bootstrap_value", bootstrap_value),
-                              ("log_rhos", log_rhos)])
-    named = [
-        ("rewards", rewards), (values_name, values), ("terminated", terminated),
-        ("truncated", truncated), (next_name, next_values),
-        ("bootstrap_value", bootstrap_value), ("log_rhos", log_rhos), ("gamma", g[1]),
-        ("lmbda", l[1]), *[(k, c[1]) for k, c in thr.items()],
-    ]
-    device = check.same_device(named)
-    if out is not None:
-        out = check.outputs(out, two_out, shape, device, named)
-    one = (1.0, None)
-    return run(mode, Layout(shape, td), dtype, device, x=rewards, v=values, nv=next_values,
-               term=terminated, trunc=truncated, boot=bootstrap_value, g=g, l=l, rho=log_rhos,
-               rb=thr.get("rho_bar", one), cb=thr.get("c_bar", one),
-               pb=thr.get("pg_rho_bar", one), reverse=True, two_out=two_out, fast=(key, slots),
-               out=out)
+_GAE, _TDL, _DISC = TABLE["gae"], TABLE["lambda_returns"], TABLE["discounted_returns"]
+_VTRACE, _RETRACE = TABLE["vtrace"], TABLE["retrace"]
+_TRACES, _CUMSUM, _LINREC = (TABLE["eligibility_traces"], TABLE["episodic_cumsum"],
+                             TABLE["linear_recurrence"])
 
 
 def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootstrap_value=None,
@@ -165,22 +119,8 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
         >>> target  # Monte-Carlo returns 1 + 0.5 * (1 + 0.5 * 1)
         tensor([1.7500, 1.5000, 1.0000])
     """
-    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("gae", dict(
-            rewards=rewards, values=values, terminated=terminated, truncated=truncated,
-            next_values=next_values, bootstrap_value=bootstrap_value, gamma=gamma, lmbda=lmbda,
-            time_dim=time_dim), out)
-    if out is not None:
-        _no_grad_out("gae", out, rewards, values, next_values, bootstrap_value)
-    if _autograd.wants_grad(rewards, values, next_values, bootstrap_value):
-        def call(r, v, nv, b):
-            return gae(r, v, terminated, truncated, next_values=nv, bootstrap_value=b,
-                       gamma=gamma, lmbda=lmbda, time_dim=time_dim)
-
-        return _differentiable(call, True, rewards, values, terminated, truncated, next_values,
-                               bootstrap_value, gamma, lmbda, time_dim)
-    return _returns_family(MODE_GAE, rewards, values, terminated, truncated, next_values,
-                           bootstrap_value, gamma, lmbda, time_dim, True, out=out)
+    return _front(_GAE, (rewards, values, terminated, truncated, next_values, bootstrap_value,
+                         gamma, lmbda), time_dim, out)
 
 
 def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=None,
@@ -213,23 +153,8 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
         >>> lambda_returns(r, v, term, bootstrap_value=torch.tensor(2.0), gamma=0.5, lmbda=1.0)
         tensor([2., 2., 2.])
     """
-    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("lambda_returns", dict(
-            rewards=rewards, values=values, terminated=terminated, truncated=truncated,
-            next_values=next_values, bootstrap_value=bootstrap_value, gamma=gamma, lmbda=lmbda,
-            time_dim=time_dim), out)
-    if out is not None:
-        _no_grad_out("lambda_returns", out, rewards, values, next_values, bootstrap_value)
-    if _autograd.wants_grad(rewards, values, next_values, bootstrap_value):
-        def call(r, v, nv, b):
-            return lambda_returns(r, v, terminated, truncated, next_values=nv,
-                                  bootstrap_value=b, gamma=gamma, lmbda=lmbda,
-                                  time_dim=time_dim)
-
-        return _differentiable(call, False, rewards, values, terminated, truncated,
-                               next_values, bootstrap_value, gamma, lmbda, time_dim)
-    return _returns_family(MODE_TDLAMBDA, rewards, values, terminated, truncated, next_values,
-                           bootstrap_value, gamma, lmbda, time_dim, False, out=out)
+    return _front(_TDL, (rewards, values, terminated, truncated, next_values, bootstrap_value,
+                         gamma, lmbda), time_dim, out)
 
 
 def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
@@ -259,33 +184,8 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
         >>> discounted_returns(r, term, gamma=0.5)
         tensor([1.5000, 1.0000, 1.5000, 1.0000])
     """
-    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("discounted_returns", dict(
-            rewards=rewards, terminated=terminated, truncated=truncated, next_values=next_values,
-            bootstrap_value=bootstrap_value, gamma=gamma, time_dim=time_dim), out)
-    if out is not None:
-        _no_grad_out("discounted_returns", out, rewards, next_values, bootstrap_value)
-    if _autograd.wants_grad(rewards, next_values, bootstrap_value):
-        def call(r, v, nv, b):
-            return discounted_returns(r, terminated, truncated, next_values=nv,
-                                      bootstrap_value=b, gamma=gamma, time_dim=time_dim)
-
-        return _differentiable(call, False, rewards, None, terminated, truncated, next_values,
-                               bootstrap_value, gamma, 1.0, time_dim)
-    return _returns_family(MODE_TDLAMBDA, rewards, None, terminated, truncated, next_values,
-                           bootstrap_value, gamma, 1.0, time_dim, False, out=out)
-
-
-def _differentiable(call, is_gae, rewards, values, terminated, truncated, next_values,
-                    bootstrap_value, gamma, lmbda, time_dim):
-    """``call(rewards, values, next_values, bootstrap_value)`` (a backward estimator, which
-    validates its inputs) with gradients to those four tensors (see _autograd)."""
-    rewards = check.tensor("rewards", rewards)
-    terminated = check.tensor("terminated", terminated, flag=True)
-    truncated = check.optional("truncated", truncated, flag=True)
-    td = normalize_time_dim(time_dim, rewards.dim())
-    return _autograd.returns(call, is_gae, td, rewards, values, next_values, bootstrap_value,
-                             terminated, truncated, gamma, lmbda)
+    return _front(_DISC, (rewards, terminated, truncated, next_values, bootstrap_value, gamma),
+                  time_dim, out)
 
 
 def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values=None,
@@ -328,27 +228,9 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
         >>> vs
         tensor([1.7500, 1.5000, 1.0000])
     """
-    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("vtrace", dict(
-            log_rhos=log_rhos, rewards=rewards, values=values, terminated=terminated,
-            truncated=truncated, next_values=next_values, bootstrap_value=bootstrap_value,
-            gamma=gamma, lmbda=lmbda, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar,
-            time_dim=time_dim), out)
-    if out is not None:
-        _no_grad_out("vtrace", out, rewards, values, next_values, bootstrap_value)
-    if _autograd.wants_grad(rewards, values, next_values, bootstrap_value):
-        def call(r, v, nv, b):
-            return vtrace(log_rhos, r, v, terminated, truncated, next_values=nv,
-                          bootstrap_value=b, gamma=gamma, lmbda=lmbda, rho_bar=rho_bar,
-                          c_bar=c_bar, pg_rho_bar=pg_rho_bar, time_dim=time_dim)
-
-        return _autograd.vtrace(call, time_dim, rewards, values, next_values, bootstrap_value,
-                                log_rhos, terminated, truncated, gamma, lmbda, rho_bar, c_bar,
-                                pg_rho_bar)
-    return _returns_family(MODE_VTRACE, rewards, values, terminated, truncated, next_values,
-                           bootstrap_value, gamma, lmbda, time_dim, True, log_rhos=log_rhos,
-                           thresholds={"rho_bar": rho_bar, "c_bar": c_bar,
-                                       "pg_rho_bar": pg_rho_bar}, out=out)
+    return _front(_VTRACE, (log_rhos, rewards, values, terminated, truncated, next_values,
+                            bootstrap_value, gamma, lmbda, rho_bar, c_bar, pg_rho_bar),
+                  time_dim, out)
 
 
 def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=None, *,
@@ -383,17 +265,8 @@ def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=
         >>> retrace(torch.zeros(3), torch.ones(3), q, e, term, gamma=0.5)
         tensor([1.7500, 1.5000, 1.0000])
     """
-    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("retrace", dict(
-            log_rhos=log_rhos, rewards=rewards, q_values=q_values, expected_next_q=expected_next_q,
-            terminated=terminated, truncated=truncated, gamma=gamma, lmbda=lmbda, c_bar=c_bar,
-            time_dim=time_dim), out)
-    if out is not None:
-        _no_grad_out("retrace", out, rewards, q_values, expected_next_q)
-    return _returns_family(MODE_RETRACE, rewards, q_values, terminated, truncated,
-                           expected_next_q, None, gamma, lmbda, time_dim, False,
-                           log_rhos=log_rhos, thresholds={"c_bar": c_bar},
-                           values_name="q_values", next_name="expected_next_q", out=out)
+    return _front(_RETRACE, (log_rhos, rewards, q_values, expected_next_q, terminated,
+                             truncated, gamma, lmbda, c_bar), time_dim, out)
 
 
 def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, rewards,
@@ -484,56 +357,6 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
                    gamma=gamma, lmbda=lmbda, c_bar=c_bar, time_dim=time_dim, out=out)
 
 
-def _forward_coefficient(name, value, done_shape, shape, feat):
-    """gamma/lmbda of a forward scan: a number, or a tensor broadcastable to ``done``
-    (read with trailing feature axes added) or to ``x`` itself."""
-    if isinstance(value, torch.Tensor) and feat and \
-            check.aligned_strides(value, tuple(done_shape)) is None:
-        return check.coefficient(name, value, shape)
-    value, tensor = check.coefficient(name, value, done_shape)
-    if tensor is not None:
-        tensor = tensor.reshape(tuple(tensor.shape) + (1,) * feat)
-    return value, tensor
-
-
-def _forward_family(x, done, gamma, lmbda, init, time_dim, decay_names, out=None):
-    slots = (x, None, None, done, None, None, init, None, gamma, lmbda, None, None, None,
-             *_fastpath.out_slots(out, False))
-    key = _fastpath.key_of((MODE_TRACE, time_dim), slots)
-    hit = _fastpath.lookup(key, slots)
-    if hit is not None:
-        return hit
-    x = check.tensor("x", x)
-    done = check.tensor("done", done, flag=True)
-    td = normalize_time_dim(time_dim, x.dim())
-    shape = tuple(x.shape)
-    # done has x's shape without the trailing feature axes (it may also broadcast)
-    feat = x.dim() - done.dim()
-    if feat < 0 or done.dim() <= td:
-        raise ValueError(
-            f"done of shape {tuple(done.shape)} must be x's shape {shape} without trailing "
-            f"feature axes, time axis included (time_dim={time_dim})"
-        )
-    done_b = done.reshape(tuple(done.shape) + (1,) * feat)
-    check.broadcastable("done", done_b, shape, "x's shape (without its feature axes)")
-    if init is not None:
-        init = check.tensor("init", init)
-        check.broadcastable("init", init, shape[:td] + shape[td + 1 :],
-                            "x's shape without the time axis")
-    if decay_names:
-        g = _forward_coefficient("gamma", gamma, done.shape, shape, feat)
-        l = _forward_coefficient("lmbda", lmbda, done.shape, shape, feat)
-    else:
-        g = l = (1.0, None)
-    dtype = check.data_dtype([("x", x), ("init", init)])
-    named = [("x", x), ("done", done), ("init", init), ("gamma", g[1]), ("lmbda", l[1])]
-    device = check.same_device(named)
-    if out is not None:
-        out = check.outputs(out, False, shape, device, named)
-    return run(MODE_TRACE, Layout(shape, td), dtype, device, x=x, term=done_b, g=g, l=l,
-               init=init, reverse=False, fast=(key, slots), out=out)
-
-
 def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-1, out=None):
     r"""Accumulating eligibility traces (Sutton & Barto 2018, sec. 12.2), forward in time.
 
@@ -562,18 +385,7 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-
         >>> eligibility_traces(x, done, gamma=1.0, lmbda=0.5)
         tensor([1.0000, 1.5000, 1.0000, 1.5000])
     """
-    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("eligibility_traces", dict(
-            x=x, done=done, gamma=gamma, lmbda=lmbda, init=init, time_dim=time_dim), out)
-    if out is not None:
-        _no_grad_out("eligibility_traces", out, x, init)
-    if _autograd.wants_grad(x, init):
-        def call(x_, i):
-            return eligibility_traces(x_, done, gamma=gamma, lmbda=lmbda, init=i,
-                                      time_dim=time_dim)
-
-        return _autograd.forward_scan(call, time_dim, x, init, done, gamma, lmbda)
-    return _forward_family(x, done, gamma, lmbda, init, time_dim, True, out)
+    return _front(_TRACES, (x, done, init, gamma, lmbda), time_dim, out)
 
 
 def episodic_cumsum(x, done, *, init=None, time_dim=-1, out=None):
@@ -595,17 +407,7 @@ def episodic_cumsum(x, done, *, init=None, time_dim=-1, out=None):
         >>> episodic_cumsum(torch.ones(5), torch.tensor([0, 0, 1, 0, 0]))
         tensor([1., 2., 3., 1., 2.])
     """
-    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("episodic_cumsum", dict(x=x, done=done, init=init, time_dim=time_dim),
-                         out)
-    if out is not None:
-        _no_grad_out("episodic_cumsum", out, x, init)
-    if _autograd.wants_grad(x, init):
-        def call(x_, i):
-            return episodic_cumsum(x_, done, init=i, time_dim=time_dim)
-
-        return _autograd.forward_scan(call, time_dim, x, init, done, 1.0, 1.0)
-    return _forward_family(x, done, 1.0, 1.0, init, time_dim, False, out)
+    return _front(_CUMSUM, (x, done, init), time_dim, out)
 
 
 def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1, out=None):
@@ -637,37 +439,4 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1, out=
         >>> linear_recurrence(torch.ones(3), torch.full((3,), 0.5))
         tensor([1.7500, 1.5000, 1.0000])
     """
-    if torch.compiler.is_compiling():  # one opaque custom op in the traced graph
-        return _ops.call("linear_recurrence", dict(
-            alpha=alpha, beta=beta, reverse=reverse, init=init, time_dim=time_dim), out)
-    if out is not None:
-        _no_grad_out("linear_recurrence", out, alpha, beta, init)
-    if _autograd.wants_grad(alpha, beta, init):
-        def call(a, b, i):
-            return linear_recurrence(a, b, reverse=reverse, init=i, time_dim=time_dim)
-
-        return _autograd.linear_recurrence(call, time_dim, reverse, alpha, beta, init)
-    slots = (alpha, beta, None, None, None, None, init, None, None, None, None, None, None,
-             *_fastpath.out_slots(out, False))
-    key = _fastpath.key_of((MODE_LINREC, time_dim, reverse), slots)
-    hit = _fastpath.lookup(key, slots)
-    if hit is not None:
-        return hit
-    alpha = check.tensor("alpha", alpha)
-    beta = check.tensor("beta", beta)
-    reverse = check.flag("reverse", reverse)
-    td = normalize_time_dim(time_dim, alpha.dim())
-    shape = tuple(alpha.shape)
-    check.broadcastable("beta", beta, shape, "alpha's shape")
-    if init is not None:
-        init = check.tensor("init", init)
-        check.broadcastable("init", init, shape[:td] + shape[td + 1 :],
-                            "alpha's shape without the time axis")
-    dtype = check.data_dtype([("alpha", alpha), ("beta", beta), ("init", init)])
-    named = [("alpha", alpha), ("beta", beta), ("init", init)]
-    device = check.same_device(named)
-    if out is not None:
-        out = check.outputs(out, False, shape, device, named)
-    return run(MODE_LINREC, Layout(shape, td), dtype, device, x=alpha, v=beta, init=init,
-               reverse=reverse, fast=(key, slots), out=out)
-
+    return _front(_LINREC, (alpha, beta, init, reverse), time_dim, out)

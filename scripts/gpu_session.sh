@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
 # Logs and tables go to $OUT.
-# usage: bash scripts/gpu_session.sh [multigpu|tests|backward|sweep|lookback|quick|bench|full|all]
+# usage: bash scripts/gpu_session.sh [multigpu|tests|backward|sweep|lookback|quick|bench|full|
+#        hostcost|compare|all]
 #        [bench args...]
 # Pass RL_TRITON_COMMIT=<sha> from the development machine: the device's git may be stale.
 # full: the benchmark at every shape, after warming the Triton and inductor caches
@@ -39,6 +40,32 @@ if [[ $what == lookback ]]; then  # segmented plans: three launches against one 
   RL_TRITON_CORE_LOOKBACK=1 timeout ${TEST_TIMEOUT:-240} python -m pytest tests/core -m gpu -q -n 8 \
     -p no:cacheprovider -W ignore > "$OUT/lookback_tests.log" 2>&1
   grep -E "^FAILED|passed|failed|error" "$OUT/lookback_tests.log" | tail -10
+fi
+# hostcost / compare: this tree against an older one in .old/ (its rl_triton_core/ copied
+# there, .old ignored and carried): the cached call's host cost, and the benchmark's rows of
+# ours (device time, back to back, full call) with compare_bench.py's ratios
+if [[ $what == hostcost ]]; then
+  for side in old new; do
+    path=$PWD commit=${RL_TRITON_COMMIT:-new}
+    [[ $side == old ]] && path=$PWD/.old commit=${RL_TRITON_COMMIT_OLD:-old}
+    RL_TRITON_COMMIT=$commit PYTHONPATH=$path timeout ${HOST_TIMEOUT:-150} \
+      python scripts/host_cost.py --out "$OUT/host_cost_$side.json" ${HOST_ARGS:-} \
+      > "$OUT/host_cost_$side.md" 2>&1
+    echo "== $side"; tail -22 "$OUT/host_cost_$side.md"
+  done
+fi
+if [[ $what == compare ]]; then
+  for side in old new; do
+    path=$PWD commit=${RL_TRITON_COMMIT:-new}
+    [[ $side == old ]] && path=$PWD/.old commit=${RL_TRITON_COMMIT_OLD:-old}
+    PYTHONPATH=$path timeout ${CMP_TIMEOUT:-260} python -m rl_triton_core.bench --no-peers \
+      --commit "$commit" \
+      --out "/tmp/cmp_$side" --no-progress --target-ms ${CMP_TARGET_MS:-5} \
+      --deadline-s $(( ${CMP_TIMEOUT:-260} - 30 )) ${CMP_ARGS:-} > "$OUT/bench_$side.log" 2>&1
+    cp /tmp/cmp_$side/benchmarks.json "$OUT/bench_$side.json"
+  done
+  python scripts/compare_bench.py "$OUT/bench_old.json" "$OUT/bench_new.json" \
+    --out "$OUT/compare.md" | tail -12
 fi
 if [[ $what == quick || $what == all ]]; then
   timeout ${QUICK_TIMEOUT:-200} python -m rl_triton_core.bench --no-peers --out "$OUT/kernels" \

@@ -13,7 +13,7 @@ import argparse
 import torch
 
 import rl_triton_core as rc
-from rl_triton_core import _triton_scan as ts
+from rl_triton_core import _launch, _table
 
 
 def calls(N, T, layout, dev, gen):
@@ -68,7 +68,7 @@ def main():
     for s in a.shapes.split(","):
         N, T = (int(float(x)) for x in s.split("x"))
         for layout in ("bm", "tm"):
-            plan = ts._plan(N, T, layout == "bm", torch.device("cuda"), ts.MODE_GAE)
+            plan = _launch.plan(N, T, layout == "bm", torch.device("cuda"), _table.MODE_GAE)
             for name, fn in calls(N, T, layout, "cuda", gen).items():
                 ks = kernel_times(fn)
                 lines.append(f"| {name} | {s} | {layout} | {plan} | "

@@ -1,5 +1,5 @@
 """Segmented plans: three launches (maps, middle pass, outputs) against one launch
-with a decoupled look-back (``_triton_scan.LOOKBACK``), device time by CUDA-graph
+with a decoupled look-back (``Tuning.look_back``), device time by CUDA-graph
 replay, and the look-back's outputs against the three-launch ones.
 
     python scripts/lookback_bench.py [--out lookback.md]
@@ -12,7 +12,7 @@ import argparse
 import torch
 
 import rl_triton_core as rc
-from rl_triton_core import _fastpath, _triton_scan
+from rl_triton_core import _config
 from rl_triton_core.bench.harness import Timer
 
 _TIMER = Timer("cuda", target_ms=5.0)
@@ -47,7 +47,7 @@ def main():
     p.add_argument("--shapes", default=SHAPES)
     p.add_argument("--out", default="")
     a = p.parse_args()
-    _fastpath.ENABLED = False  # each plan must reach the planner
+    base_tune = _config.current_tuning().replace(cached_launch=False)  # reach the planner
     gen = torch.Generator().manual_seed(0)
     lines = ["| estimator | shape | layout | 3 launches us | look-back us | ratio | max diff |",
              "|---|---|---|---|---|---|---|"]
@@ -55,17 +55,17 @@ def main():
         s, layout = item.split(":")
         N, T = (int(float(x)) for x in s.split("x"))
         for name, fn in calls(N, T, layout, gen).items():
-            _triton_scan.LOOKBACK = False
+            _config.set_tuning(base_tune.replace(look_back=False))
             base = fn()
             t3 = graph_us(fn)
-            _triton_scan.LOOKBACK = True
+            _config.set_tuning(base_tune.replace(look_back=True))
             got = fn()
             torch.cuda.synchronize()
             diff = max((g - b_).abs().max().item() for g, b_ in
                        zip(got if isinstance(got, tuple) else (got,),
                            base if isinstance(base, tuple) else (base,)))
             t1 = graph_us(fn)
-            _triton_scan.LOOKBACK = False
+            _config.set_tuning(base_tune.replace(look_back=False))
             lines.append(f"| {name} | {s} | {layout} | {t3:.1f} | {t1:.1f} | {t1 / t3:.2f} | "
                          f"{diff:.1e} |")
             print(lines[-1], flush=True)

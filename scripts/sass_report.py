@@ -25,7 +25,7 @@ from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
 
 import rl_triton_core as rtc
-from rl_triton_core import _triton_scan
+from rl_triton_core import _launch
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -45,24 +45,39 @@ class _Recorder:
 
 def capture(call):
     """The launches (grid, args, constexprs, num_warps) one estimator call makes."""
-    real = _triton_scan.scan_kernel
+    real = _launch.scan_kernel
     rec = _Recorder(real.fn)
-    _triton_scan.scan_kernel = rec
+    _launch.scan_kernel = rec
     os.environ["RL_TRITON_CORE_BACKEND"] = "triton"
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         call()
     finally:
-        _triton_scan.scan_kernel = real
+        _launch.scan_kernel = real
         del os.environ["TRITON_INTERPRET"]
         del os.environ["RL_TRITON_CORE_BACKEND"]
     return rec.calls
 
 
+def _specialize(a, path, consts, attrs, do_not_specialize=False):
+    """The signature type of one argument (tuples nested), as the launcher computes it."""
+    if isinstance(a, tuple):
+        return tuple(_specialize(x, path + (j,), consts, attrs) for j, x in enumerate(a))
+    if do_not_specialize:  # as the launcher: a plain i32, no "1" constant
+        return "i32"
+    ty, spec = native_specialize_impl(BaseBackend, a, False, True, True)
+    if isinstance(ty, str) and ty == "constexpr":
+        consts[path] = spec
+        return "constexpr"
+    if spec == "D":
+        attrs[path] = [["tt.divisibility", 16]]
+    return ty
+
+
 def compile_sm90(args, constexprs, num_warps, base=None):
     import inspect
 
-    fn = _triton_scan.scan_kernel
+    fn = _launch.scan_kernel
     names = list(inspect.signature(fn.fn).parameters)
     signature, consts, attrs = {}, {}, {}
     pos = 0
@@ -73,20 +88,7 @@ def compile_sm90(args, constexprs, num_warps, base=None):
             continue
         a = args[pos]
         pos += 1
-        if isinstance(a, float):
-            signature[name] = "fp32"
-            continue
-        if fn.params[i].do_not_specialize:  # as the launcher: a plain i32, no "1" constant
-            signature[name] = "i32"
-            continue
-        ty, spec = native_specialize_impl(BaseBackend, a, False, True, True)
-        if ty == "constexpr":
-            signature[name] = "constexpr"
-            consts[(i,)] = spec
-            continue
-        signature[name] = ty
-        if spec == "D":
-            attrs[(i,)] = [["tt.divisibility", 16]]
+        signature[name] = _specialize(a, (i,), consts, attrs, fn.params[i].do_not_specialize)
     src = ASTSource(fn, signature, consts, attrs)
     ck = triton.compile(src, target=TARGET, options={"num_warps": num_warps})
     return ck

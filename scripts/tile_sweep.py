@@ -1,5 +1,5 @@
 """Device time of the scan kernel per tile shape (BLOCK_N x BLOCK_T x num_warps), on
-the GPU, against the floor kernel: the data behind ``_triton_scan._plan``.
+the GPU, against the floor kernel: the data behind ``_launch.plan``.
 
     python scripts/tile_sweep.py [--deadline-s 240] [--out sweep.md]
 
@@ -16,7 +16,7 @@ import torch
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
-from rl_triton_core import _fastpath, _triton_scan
+from rl_triton_core import _config
 from rl_triton_core.bench.harness import Timer
 from rl_triton_core.bench.peers import make_floor
 
@@ -105,7 +105,7 @@ def main():
         BM_TILES = [_parse_tile(x) for x in a.bm_tiles.split(",")]
     t_end = time.time() + a.deadline_s
     gen = torch.Generator().manual_seed(0)
-    _fastpath.ENABLED = False  # each override must reach the planner
+    base_tune = _config.current_tuning().replace(cached_launch=False)  # reach the planner
     lines = ["| estimator | shape | layout | floor us | default us | best tile | best us "
              "| all (tile: us) |", "|---|---|---|---|---|---|---|---|"]
     for shape in a.shapes.split(","):
@@ -119,7 +119,7 @@ def main():
                 if time.time() > t_end:
                     print("deadline reached", flush=True)
                     break
-                _triton_scan.TILE_OVERRIDE = None
+                _config.set_tuning(base_tune)
                 base = _tuple(fn())
                 want = _tuple(rfn(cpu))
                 err = max((b.double().cpu() - w).abs().max().item() for b, w in zip(base, want))
@@ -133,7 +133,7 @@ def main():
                 for tile in tiles:
                     if time.time() > t_end:
                         break
-                    _triton_scan.TILE_OVERRIDE = tile
+                    _config.set_tuning(base_tune.replace(tile=tile))
                     try:
                         got = _tuple(fn())
                         diff = max((g - b).abs().max().item() for g, b in zip(got, base))
@@ -143,7 +143,7 @@ def main():
                         res.append((tile, graph_us(fn), ""))
                     except Exception as e:  # noqa: BLE001
                         res.append((tile, float("nan"), f"{type(e).__name__}"))
-                _triton_scan.TILE_OVERRIDE = None
+                _config.set_tuning(base_tune)
                 ok = [r for r in res if r[1] == r[1]]
                 best = min(ok, key=lambda r: r[1]) if ok else (None, float("nan"), "")
                 allt = " ".join(f"{_name(r[0])}:{r[1]:.1f}{r[2]}" for r in res)

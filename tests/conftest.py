@@ -92,11 +92,23 @@ def segments(impl, monkeypatch):
 
     def force(seg_len):
         if seg_len and impl.backend == "triton":
-            from rl_triton_core import _triton_scan
-
-            monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", seg_len)
+            _tune(monkeypatch, segment_len=seg_len)
 
     return force
+
+
+def _tune(monkeypatch, **changes):
+    """Change tuning knobs (rl_triton_core.Tuning) until the end of the test."""
+    from rl_triton_core import _config
+
+    monkeypatch.setattr(_config, "_current", _config._current.replace(**changes))
+
+
+@pytest.fixture
+def tuned(monkeypatch):
+    """``tuned(segment_len=16, look_back=False, ...)``: tuning knobs for the rest of the
+    test (see rl_triton_core.Tuning)."""
+    return lambda **changes: _tune(monkeypatch, **changes)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -128,21 +140,21 @@ def captured_launches(monkeypatch):
 
     if not TRITON_INTERPRET:
         pytest.skip("interpreter only (the GPU tests run the cached launch for real)")
-    from rl_triton_core import _fastpath, _triton_scan
+    from rl_triton_core import _dispatch, _launch
 
     monkeypatch.setenv(BACKEND_ENV, "triton")
-    monkeypatch.setattr(_fastpath, "CPU_PLANS", True)
-    monkeypatch.setattr(_fastpath, "_PLANS", {})
+    _tune(monkeypatch, cpu_plans=True)
+    monkeypatch.setattr(_dispatch, "_PLANS", {})
     cap = types.SimpleNamespace(full=[], modes=[], replayed=[])
-    real = _triton_scan.launch
+    real = _launch.launch
 
     def spy(*a, **k):
         res = real(*a, **k)
         cap.full.append(list(res[0]))
-        cap.modes.append(a[4])
+        cap.modes.append(a[0])
         return res
 
-    monkeypatch.setattr(_triton_scan, "launch", spy)
-    monkeypatch.setattr(_fastpath.Plan, "_launch",
-                        lambda self, args, device: cap.replayed.append(list(args)))
+    monkeypatch.setattr(_launch, "launch", spy)
+    monkeypatch.setattr(_launch.Plan, "_launch",
+                        lambda self, args, device: cap.replayed.append(list(args)) or True)
     return cap

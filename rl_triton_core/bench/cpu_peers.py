@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import rl_triton_core as rc
-from rl_triton_core import _cpu_scan
+from rl_triton_core import _config
 
 
 def _median_ms(fns, reps):
@@ -97,7 +97,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rows = [rllib_flat(args.reps), *torchrl_gae(args.reps)]
     print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, numba threads {_cpu_scan.THREADS}")
+          f"torch {torch.__version__}, numba threads "
+          f"{_config.current_tuning().cpu_threads or 'auto'}")
     print("| peer | shape | peer ms | rl_triton_core ms | speed-up | max abs diff |")
     print("|---|---|---|---|---|---|")
     for row in rows:

@@ -188,12 +188,13 @@ def test_reference_gradients_segmented(case, impl, seed, segments):
 
 
 def test_gradients_flow_through_the_library_scan(monkeypatch):
-    """Each backward runs the library's own scan (never the reference loop)."""
+    """Each backward runs the library's own scan (never the reference loop, never the
+    public API): on the CPU path, one launch of the primitive's scan per backward."""
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
-    from rl_triton_core import _autograd, estimators
+    from rl_triton_core import _autograd, _table, estimators
 
     calls = []
-    real = estimators.linear_recurrence
+    real = _autograd._scan
 
     def spy(*a, **k):
         calls.append(k.get("reverse"))
@@ -201,7 +202,8 @@ def test_gradients_flow_through_the_library_scan(monkeypatch):
 
     for name in ref.__all__:
         monkeypatch.setattr(ref, name, None)  # the reference is never reached
-    monkeypatch.setattr(estimators, "linear_recurrence", spy)
+    monkeypatch.setattr(estimators, "linear_recurrence", None)  # nor the public primitive
+    monkeypatch.setattr(_autograd, "_scan", spy)
     d = _inputs(0, (2, 6), -1, "cpu")
     for case, (fn, wrt) in CASES.items():
         xs = [d[k].clone().requires_grad_(True) for k in wrt.split()]
@@ -212,7 +214,10 @@ def test_gradients_flow_through_the_library_scan(monkeypatch):
         n = len(calls)
         torch.autograd.grad(sum(o.sum() for o in out), xs)
         assert len(calls) == n + 1, case  # exactly one scan per backward
-    assert _autograd.wants_grad(torch.zeros(1, requires_grad=True))
+    spec = _table.TABLE["linear_recurrence"]
+    x = torch.zeros(3, requires_grad=True)
+    assert _autograd.wants_grad(spec, (x, torch.ones(3), None, True, None, None))
+    assert not _autograd.wants_grad(spec, (x.detach(), torch.ones(3), None, True, None, None))
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -12,30 +12,31 @@ import torch
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
-from rl_triton_core import _fastpath, _triton_scan
+from rl_triton_core import _launch
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="interpreter only (the GPU reaches it at long T)")
 
 
 @pytest.fixture
-def lb(monkeypatch):
+def lb(monkeypatch, tuned):
     """Force PHASE 4 over maps only; returns the launches seen: (S, grid, phases)."""
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", 16)
-    monkeypatch.setattr(_triton_scan, "LOOKBACK", True)
-    monkeypatch.setattr(_triton_scan, "LOOK_MAPS_ONLY", True)
-    monkeypatch.setattr(_triton_scan, "LOOK_W", 4)
-    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    tuned(segment_len=16)
+    tuned(look_back=True)
+    tuned(look_maps_only=True)
+    tuned(look_window=4)
+    tuned(cached_launch=False)
     seen = []
-    real = _triton_scan.launch
+    real = _launch.launch
 
     def spy(*a, **k):
-        args, ws_spec, launched = real(*a, **k)
+        res = real(*a, **k)
+        args, launched = res[0], res[3]
         seen.append((args[-2], launched[0][1], [c["PHASE"] for _, _, c in launched]))
-        return args, ws_spec, launched
+        return res
 
-    monkeypatch.setattr(_triton_scan, "launch", spy)
+    monkeypatch.setattr(_launch, "launch", spy)
     return seen
 
 

@@ -16,7 +16,7 @@ from core_testlib import TOL, bernoulli, uniform
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
-from rl_triton_core import _fastpath
+from rl_triton_core import _config, _dispatch, _launch
 
 LEAD, T, A, F = (2, 3), 9, 3, 2  # two lead axes: a permuted out cannot merge them
 TWO_OUT = {"gae", "vtrace"}
@@ -192,7 +192,7 @@ def test_out_matches_and_is_returned(name, td, out_kind, impl, gen):
 def test_out_reused_in_a_loop(name, impl, gen, monkeypatch):
     """The hot loop: one out reused for fresh data of the same layout; each call
     overwrites it. On CUDA the later calls are the cached launch (no new plan)."""
-    monkeypatch.setattr(_fastpath, "_PLANS", {})
+    monkeypatch.setattr(_dispatch, "_PLANS", {})
     fn = getattr(rc, name)
     n = 2 if name in TWO_OUT else 1
     args, kw, shape = _case(name, gen, -1, torch.float32, impl.device)
@@ -209,9 +209,10 @@ def test_out_reused_in_a_loop(name, impl, gen, monkeypatch):
         want = want if isinstance(want, tuple) else (want,)
         for g, w, o in zip(got, want, outs):
             assert g is o and torch.equal(g, w)
-        plans.append(len(_fastpath._PLANS))
+        plans.append(len(_dispatch._PLANS))
     assert plans[0] == plans[-1]
-    if impl.device.type == "cuda" and _fastpath.ENABLED and _fastpath._launcher_ok:
+    if (impl.device.type == "cuda" and _config.current_tuning().cached_launch
+            and _dispatch._replay_ok):
         assert plans[0] == 2  # one plan without out, one with
 
 
@@ -363,7 +364,7 @@ def test_out_under_torch_compile(monkeypatch):
 
 @pytest.mark.parametrize("name", ["gae", "vtrace", "lambda_returns", "episodic_cumsum",
                                   "linear_recurrence"])
-def test_cached_plan_writes_into_out(name, gen, monkeypatch, captured_launches):
+def test_cached_plan_writes_into_out(name, gen, monkeypatch, captured_launches, tuned):
     """The cached launch (CUDA; replayed here on the CPU with the launch captured) hands
     the kernel the caller's out tensors, allocates none, and is keyed on their layout."""
     full_args, plan_args = captured_launches.full, captured_launches.replayed
@@ -376,8 +377,9 @@ def test_cached_plan_writes_into_out(name, gen, monkeypatch, captured_launches):
     args, kw, shape = _case(name, gen, -1, torch.float32, "cpu")
     out = fresh_out(shape)
     fn(*args, **kw, out=out if n == 2 else out[0])  # full path: records the plan
-    assert len(full_args) == 1 and len(_fastpath._PLANS) == 1
-    assert full_args[0][0] is out[0] and full_args[0][1] is out[-1]
+    assert len(full_args) == 1 and len(_dispatch._PLANS) == 1
+    assert full_args[0][0] is out[0]
+    assert full_args[0][1] is (out[1] if n == 2 else None)  # one output: OUT1 is None
 
     out2 = fresh_out(shape)  # same layout, other memory: replayed into out2
     allocs = []
@@ -391,9 +393,10 @@ def test_cached_plan_writes_into_out(name, gen, monkeypatch, captured_launches):
     assert not allocs, "the cached launch allocated although out= was given"
     got = got if isinstance(got, tuple) else (got,)
     assert all(g is o for g, o in zip(got, out2))
-    assert plan_args[0][0] is out2[0] and plan_args[0][1] is out2[-1]
+    assert plan_args[0][0] is out2[0]
+    assert plan_args[0][1] is (out2[1] if n == 2 else None)
     # the replayed argument list is the full path's for the same call
-    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    tuned(cached_launch=False)
     fn(*args, **kw, out=out2 if n == 2 else out2[0])
     want = full_args[1]
     user = [t for t in (*args, *kw.values(), *out2) if isinstance(t, torch.Tensor)]
@@ -407,7 +410,7 @@ def test_cached_plan_writes_into_out(name, gen, monkeypatch, captured_launches):
             assert type(g) is type(w) and g == w, (pos, g, w)
 
 
-def test_cached_plan_is_keyed_on_out(gen, monkeypatch):
+def test_cached_plan_is_keyed_on_out(gen, monkeypatch, tuned):
     """Another out layout or dtype, an out that now overlaps an input, or no out: not the
     recorded plan (a new one, or the full path that raises)."""
     import os
@@ -415,19 +418,19 @@ def test_cached_plan_is_keyed_on_out(gen, monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter only")
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    monkeypatch.setattr(_fastpath, "CPU_PLANS", True)
-    monkeypatch.setattr(_fastpath, "_PLANS", {})
+    tuned(cpu_plans=True)
+    monkeypatch.setattr(_dispatch, "_PLANS", {})
     replays = []
-    monkeypatch.setattr(_fastpath.Plan, "_launch",
-                        lambda self, args, device: replays.append(args))
+    monkeypatch.setattr(_launch.Plan, "_launch",
+                        lambda self, args, device: replays.append(args) or True)
     a = torch.randn(3, 16, generator=gen)
     b = torch.rand(3, 16, generator=gen)
     rc.linear_recurrence(a, b, out=torch.empty(3, 16))
-    assert len(_fastpath._PLANS) == 1
+    assert len(_dispatch._PLANS) == 1
     rc.linear_recurrence(a, b, out=torch.empty(16, 3).T)  # other strides
     rc.linear_recurrence(a, b, out=torch.empty(3, 16, dtype=torch.float64))  # other dtype
     rc.linear_recurrence(a, b)  # no out
-    assert len(_fastpath._PLANS) == 4 and not replays
+    assert len(_dispatch._PLANS) == 4 and not replays
     rc.linear_recurrence(a, b, out=torch.empty(3, 16))
     assert len(replays) == 1
     buf = torch.empty(2, 3, 16)

@@ -8,7 +8,7 @@ import torch
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
-from rl_triton_core import _fastpath, _triton_scan
+from rl_triton_core import _dispatch, _kernel, _launch, _table
 
 
 def _inputs(gen, shape, device):
@@ -59,26 +59,24 @@ def _check(got, want, tol):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_cpu_path_splits_long_streams(name, gen, monkeypatch):
+def test_cpu_path_splits_long_streams(name, gen, monkeypatch, tuned):
     """Two streams of 12,000 steps: the CPU path splits time into segments per thread."""
-    from rl_triton_core import _cpu_scan
-
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
-    monkeypatch.setattr(_cpu_scan, "THREADS", 4)
+    tuned(cpu_threads=4)
     fn, rfn, args, kw = CASES[name](*_inputs(gen, (2, 12_000), "cpu"))
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_interpreter_two_phase_carry(name, gen, monkeypatch):
+def test_interpreter_two_phase_carry(name, gen, monkeypatch, tuned):
     """The kernel's segmented path, forced on a small shape in the interpreter."""
     import os
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter only (the GPU runs reach this path at long T)")
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", 16)
-    monkeypatch.setattr(_triton_scan, "LOOKBACK", False)  # the three launches
+    tuned(segment_len=16)
+    tuned(look_back=False)  # the three launches
     fn, rfn, args, kw = CASES[name](*_inputs(gen, (3, 77), "cpu"))
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
 
@@ -86,7 +84,7 @@ def test_interpreter_two_phase_carry(name, gen, monkeypatch):
 @pytest.mark.parametrize("maps_only", [False, True])
 @pytest.mark.parametrize("shape", [(3, 77), (2, 300)])
 @pytest.mark.parametrize("name", list(CASES))
-def test_interpreter_look_back(name, shape, maps_only, gen, monkeypatch):
+def test_interpreter_look_back(name, shape, maps_only, gen, monkeypatch, tuned):
     """The one-launch segmented plan: a chunk per program, the carry from a decoupled
     look-back. The interpreter runs programs one after another, so each finds its
     predecessor's carry; ``maps_only`` makes it walk back over maps instead, 4
@@ -96,17 +94,17 @@ def test_interpreter_look_back(name, shape, maps_only, gen, monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter only (the GPU runs reach this path at long T)")
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", 16)
-    monkeypatch.setattr(_triton_scan, "LOOKBACK", True)
-    monkeypatch.setattr(_triton_scan, "LOOK_MAPS_ONLY", maps_only)
-    monkeypatch.setattr(_triton_scan, "LOOK_W", 4)
-    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    tuned(segment_len=16)
+    tuned(look_back=True)
+    tuned(look_maps_only=maps_only)
+    tuned(look_window=4)
+    tuned(cached_launch=False)
     fn, rfn, args, kw = CASES[name](*_inputs(gen, shape, "cpu"))
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_interpreter_middle_pass_in_chunks(name, gen, monkeypatch):
+def test_interpreter_middle_pass_in_chunks(name, gen, monkeypatch, tuned):
     """The middle pass composes the segment maps BLOCK_S at a time, carrying across
     chunks (forward, and in reverse for the backward-in-time scans): forced here to 2
     maps a chunk over 5 segments, so the last chunk is part-empty."""
@@ -115,27 +113,27 @@ def test_interpreter_middle_pass_in_chunks(name, gen, monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter only (the GPU runs reach this path at long T)")
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    monkeypatch.setattr(_triton_scan, "FORCE_SEGMENT_LEN", 16)
-    monkeypatch.setattr(_triton_scan, "MIDDLE_ELEMS", 4)
-    monkeypatch.setattr(_triton_scan, "LOOKBACK", False)
-    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    tuned(segment_len=16)
+    tuned(middle_elems=4)
+    tuned(look_back=False)
+    tuned(cached_launch=False)
     fn, rfn, args, kw = CASES[name](*_inputs(gen, (3, 77), "cpu"))
-    plan = _triton_scan._plan(3, 77, True, torch.device("cpu"))
+    plan = _launch.plan(3, 77, True, torch.device("cpu"))
     assert plan[3] == 5 and 4 // plan[0] < 5  # 5 segments, more than one chunk of maps
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
 
 
-def test_plan_rules(monkeypatch):
+def test_plan_rules(monkeypatch, tuned):
     """The plan's choices measured on the H200 (docs/notes.md items 28 and 30), for a
     132-SM GPU: (BLOCK_N, BLOCK_T, SEG_LEN, S, warps, SCALAR_N, STAGES)."""
-    monkeypatch.setitem(_triton_scan._SM_COUNT, 0, 132)
+    monkeypatch.setitem(_launch._SM_COUNT, 0, 132)
     dev = torch.device("cuda", 0)
 
-    def plan(N, T, batch_major, mode=_triton_scan.MODE_GAE):
-        return _triton_scan._plan(N, T, batch_major, dev, mode)
+    def plan(N, T, batch_major, mode=_table.MODE_GAE):
+        return _launch.plan(N, T, batch_major, dev, mode)
 
     assert plan(4096, 128, True) == (8, 128, 128, 1, 8, False, 1)
-    assert plan(4096, 128, True, _triton_scan.MODE_VTRACE) == (4, 128, 128, 1, 4, False, 1)
+    assert plan(4096, 128, True, _table.MODE_VTRACE) == (4, 128, 128, 1, 4, False, 1)
     # two rows a program fill the GPU without splitting time
     assert plan(1024, 4096, True) == (2, 256, 4096, 1, 4, False, 1)
     # too few streams even two rows at a time: the default tile, time split
@@ -148,13 +146,13 @@ def test_plan_rules(monkeypatch):
     p = plan(16, 131072, False)
     assert not p[5] and p[:2] == (16, 256)
     # segmented plans: one look-back launch up to ~8 programs per SM, else three launches
-    monkeypatch.setattr(_triton_scan, "LOOKBACK", None)
+    tuned(look_back=None)
     for (N, T, bm), want in {(4096, 128, False): True, (512, 128, False): True,
                              (256, 1024, True): True, (16, 131072, False): True,
                              (16, 131072, True): False, (1, 1_000_000, True): False,
                              (1024, 4096, False): False, (256, 16384, False): False}.items():
         p = plan(N, T, bm)
-        assert p[3] > 1 and _triton_scan._use_look_back(N, T, p[0], p[1], dev) == want, (N, T)
+        assert p[3] > 1 and _launch.use_look_back(N, T, p[0], p[1], dev) == want, (N, T)
 
 
 @pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_cumsum", "linear_recurrence"])
@@ -166,7 +164,7 @@ def test_two_row_tile_matches_reference(name, gen, monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter only")
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    assert _triton_scan._plan(24, 300, True, torch.device("cpu"))[:5] == (2, 256, 300, 1, 4)
+    assert _launch.plan(24, 300, True, torch.device("cpu"))[:5] == (2, 256, 300, 1, 4)
     fn, rfn, args, kw = CASES[name](*_inputs(gen, (24, 300), "cpu"))
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
 
@@ -175,7 +173,7 @@ def test_two_row_tile_matches_reference(name, gen, monkeypatch):
 @pytest.mark.parametrize("tile", [(32, 16, 1, True, 3), (64, 16, 2, True, 2),
                                   (32, 128, 8, False)])
 @pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_cumsum", "linear_recurrence_fwd"])
-def test_time_major_tiles_of_the_sweep(name, tile, device, gen, monkeypatch):
+def test_time_major_tiles_of_the_sweep(name, tile, device, gen, monkeypatch, tuned):
     """The time-major tiles scripts/tile_sweep.py measures (one thread per stream, the
     chunk loop pipelined STAGES - 1 chunks ahead, the 32 x 128 tile) give the reference's
     numbers: in the interpreter on the CPU, compiled on the GPU."""
@@ -184,8 +182,8 @@ def test_time_major_tiles_of_the_sweep(name, tile, device, gen, monkeypatch):
     if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter only on the CPU")
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    monkeypatch.setattr(_triton_scan, "TILE_OVERRIDE", tile)
-    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    tuned(tile=tile)
+    tuned(cached_launch=False)
     # [N, T] with time-major memory (strides (1, N)): the planner's time-major case
     x = [a.t().contiguous().t() if a.dim() == 2 else a for a in _inputs(gen, (40, 37), device)]
     fn, rfn, args, kw = CASES[name](*x)
@@ -207,14 +205,14 @@ _NEW_SCALARS = {"gamma": 0.93, "lmbda": 0.71, "rho_bar": 0.8, "c_bar": 1.7}
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_cached_plan_rebuilds_the_full_paths_arguments(name, gen, monkeypatch,
-                                                       captured_launches):
+                                                       captured_launches, tuned):
     """The cached launch hands the kernel the same arguments as the full path, also
     after the scalar coefficients change (float32 hi/lo pairs). Checked on the CPU
     with the launch captured; the GPU tests run it for real."""
     full_args, plan_args = captured_launches.full, captured_launches.replayed
     fn, _, args, kw = CASES[name](*_inputs(gen, (3, 40), "cpu"))
     fn(*args, **kw)  # the full path records the plan
-    assert len(full_args) == 1 and len(_fastpath._PLANS) == 1
+    assert len(full_args) == 1 and len(_dispatch._PLANS) == 1
     fn2, _, args2, kw2 = CASES[name](*_inputs(gen, (3, 40), "cpu"))
     kw2 = {k: _NEW_SCALARS.get(k, w) for k, w in kw.items()}
     kw2["gamma"] = _NEW_SCALARS["gamma"]
@@ -223,7 +221,7 @@ def test_cached_plan_rebuilds_the_full_paths_arguments(name, gen, monkeypatch,
         del kw2["gamma"]
     fn2(*args2, **kw2)  # replayed from the plan (launch captured)
     assert len(plan_args) == 1 and len(full_args) == 1
-    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    tuned(cached_launch=False)
     fn2(*args2, **kw2)  # the same call through the full path
     assert len(full_args) == 2
     want, got = full_args[1], plan_args[0]
@@ -249,7 +247,7 @@ def test_cuda_cached_launch(name, shape, gen, monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    _fastpath._PLANS.clear()
+    _dispatch._PLANS.clear()
     for trial in range(3):
         fn, rfn, args, kw = CASES[name](*_inputs(gen, shape, "cuda"))
         if trial == 2:  # same shapes and strides, pointers 4 bytes off 16-byte alignment
@@ -258,8 +256,8 @@ def test_cuda_cached_launch(name, shape, gen, monkeypatch):
         cpu_args = [a.cpu() for a in args]
         cpu_kw = {k: (w.cpu() if isinstance(w, torch.Tensor) else w) for k, w in kw.items()}
         _check(got, rfn(*cpu_args, **cpu_kw), 1e-4)
-    assert _fastpath._launcher_ok
-    assert len(_fastpath._PLANS) >= 1
+    assert _dispatch._replay_ok
+    assert len(_dispatch._PLANS) >= 1
 
 
 def test_float64_exp_in_kernel_is_float64_accurate():
@@ -276,7 +274,7 @@ def test_float64_exp_in_kernel_is_float64_accurate():
     @triton.jit
     def _k(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
         i = tl.arange(0, BLOCK)
-        tl.store(o_ptr + i, _triton_scan._exp(tl.load(x_ptr + i, mask=i < n), True), mask=i < n)
+        tl.store(o_ptr + i, _kernel._exp(tl.load(x_ptr + i, mask=i < n), True), mask=i < n)
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     x = torch.cat([torch.linspace(-700, 700, 2001, dtype=torch.float64),

@@ -14,7 +14,7 @@ import os
 import numba
 import numpy as np
 
-from rl_triton_core._triton_scan import (
+from rl_triton_core._table import (
     MODE_GAE,
     MODE_LINREC,
     MODE_RETRACE,
@@ -41,21 +41,21 @@ def kernel(mode, reverse, two_out, has_v, has_nv, has_trunc, has_boot, has_init,
 
 @numba.njit(cache=_CACHE)
 def _coefficients(MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, RB_TENSOR,
-                  CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, l, gs, ls,
+                  CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, lm, gs, lms,
                   rho, rb, cb, pb, rbs, cbs, pbs):
     """(alpha, beta, v, p0, p1, vnext, cont) of stream (i, j) at step t; see
-    _triton_scan._coefficients (V-trace's pg_t = p0 + [cont] p1 (vnext + D_{t+1}))."""
+    the coefficient builders of _kernel.py (V-trace's pg_t = p0 + [cont] p1 (vnext + D_{t+1}))."""
     xt = float(x[i, j, t])
     if MODE == MODE_LINREC:
         return xt, float(v[i, j, t]), xt, 0.0, 0.0, 0.0, False
     if MODE == MODE_TRACE:
         tp = max(t - 1, 0)
         gamma = float(g[i, j, tp]) if G_TENSOR else gs
-        lmbda = float(l[i, j, tp]) if L_TENSOR else ls
+        lmbda = float(lm[i, j, tp]) if L_TENSOR else lms
         notdone = 1.0 - float(term[i, j, tp]) if t >= 1 else 1.0
         return xt, gamma * lmbda * notdone, xt, 0.0, 0.0, 0.0, False
     gamma = float(g[i, j, t]) if G_TENSOR else gs
-    lmbda = float(l[i, j, t]) if L_TENSOR else ls
+    lmbda = float(lm[i, j, t]) if L_TENSOR else lms
     te = float(term[i, j, t])
     done = max(te, float(trunc[i, j, t])) if HAS_TRUNC else te
     vt = float(v[i, j, t]) if HAS_V else 0.0
@@ -88,7 +88,7 @@ def _coefficients(MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, 
     c_next = 0.0
     if t + 1 < T:
         ratio = np.exp(float(rho[i, j, t + 1]))
-        lnext = float(l[i, j, t + 1]) if L_TENSOR else ls
+        lnext = float(lm[i, j, t + 1]) if L_TENSOR else lms
         cbt = float(cb[i, j, t + 1]) if CB_TENSOR else cbs
         c_next = lnext * min(ratio, cbt)
     return xt + gnt * nvt - vt, gamma * (1.0 - done) * c_next, vt, 0.0, 0.0, 0.0, False
@@ -97,7 +97,7 @@ def _coefficients(MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, 
 def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT, G_TENSOR,
            L_TENSOR, RB_TENSOR, CB_TENSOR, PB_TENSOR):
     @numba.njit(nogil=True, cache=_CACHE)
-    def scan(out0, out1, x, v, nv, term, trunc, boot, g, l, gs, ls, init, rho, rb, cb, pb, rbs,
+    def scan(out0, out1, x, v, nv, term, trunc, boot, g, lm, gs, lms, init, rho, rb, cb, pb, rbs,
              cbs, pbs, seg_len, ws_a, ws_b, phase, job_lo, job_hi):
         """Jobs [job_lo, job_hi) of one phase; job = (stream n, segment s)."""
         N1, N2, T = x.shape
@@ -117,8 +117,8 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
                     t = hi - 1 - k if REVERSE else lo + k
                     al, be, _, _, _, _, _ = _coefficients(
                         MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, RB_TENSOR,
-                        CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, l, gs,
-                        ls, rho, rb, cb, pb, rbs, cbs, pbs)
+                        CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, lm, gs,
+                        lms, rho, rb, cb, pb, rbs, cbs, pbs)
                     a = al + be * a
                     b = be * b
                 ws_a[n, s] = a
@@ -136,7 +136,7 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
                 t = hi - 1 - k if REVERSE else lo + k
                 al, be, vt, p0, p1, vnext, cont = _coefficients(
                     MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, RB_TENSOR,
-                    CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, l, gs, ls,
+                    CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, lm, gs, lms,
                     rho, rb, cb, pb, rbs, cbs, pbs)
                 d_next = h
                 h = al + be * h
@@ -163,13 +163,14 @@ def _pool():
     if _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
 
-        _POOL = ThreadPoolExecutor(THREADS, thread_name_prefix="rl_triton_core")
+        _POOL = ThreadPoolExecutor(max(THREADS, 8), thread_name_prefix="rl_triton_core")
     return _POOL
 
 
-def run(fn, args, N: int, T: int):
-    """Run both phases over (stream, segment) jobs, split over threads (numba releases the GIL)."""
-    threads = THREADS if N * T >= _MIN_WORK else 1
+def run(fn, args, N: int, T: int, threads: int | None = None):
+    """Run both phases over (stream, segment) jobs, split over threads (numba releases the
+    GIL); ``threads``: the tuning's ``cpu_threads`` (None: THREADS)."""
+    threads = (threads or THREADS) if N * T >= _MIN_WORK else 1
     if N >= threads or T < 4096 or threads < 4:
         # one segment per stream; a long stream is split only for >= 4 threads, since
         # the split costs a second pass over the inputs (with 2 threads it did not pay)

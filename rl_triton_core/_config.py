@@ -1,0 +1,97 @@
+"""Tuning knobs: one explicit, immutable object, part of every launch's cache key.
+
+The defaults come from measurements on the H200 (docs/benchmarks.md); they are for
+sweeps, tests and bug reports, not something a user needs to set::
+
+    import rl_triton_core as rc
+    with rc.tuning(look_back=False):      # segmented scans as three launches
+        rc.gae(r, v, term, time_dim=-1)
+    rc.current_tuning()                   # the Tuning in effect
+
+Two knobs also read the environment once, at import: ``RL_TRITON_CORE_FASTPATH=0``
+(``cached_launch=False``) and ``RL_TRITON_CORE_LOOKBACK=1|0`` (``look_back``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The launch knobs (all part of the cache key of a launch).
+
+    Attributes:
+        cached_launch: a repeated call with the same shapes, strides, dtypes and device
+            replays the recorded launch (no validation, layout work or argument binding).
+        segment_len: split time into segments of this many steps (a power of two >= 16)
+            on the Triton path, whatever the shape (tests use it to reach the segmented
+            scan on small shapes); None: the plan decides.
+        tile: ``(BLOCK_N, BLOCK_T, num_warps[, SCALAR_N[, STAGES[, PROGRAMS_PER_SM]]])``
+            instead of the plan's tile (sweeps); None: the plan's.
+        programs_per_sm: time is split into segments until there are about this many
+            programs per multiprocessor.
+        look_back: segmented plans as one launch with a decoupled look-back (True), as
+            three launches (False), or where measured to pay (None).
+        look_window: segments the look-back reads at a time.
+        look_maps_only: tests: the look-back walks back over maps only.
+        middle_elems: the middle pass's tile (streams x maps per step).
+        tm_steps: steps per thread and chunk of the time-major (thread-per-stream) tiles.
+        cpu_threads: threads of the CPU path (None: min(cores, 8)).
+        cpu_plans: tests: record and replay cached launches for CPU tensors too (under
+            the Triton interpreter), so the replay logic is checked without a GPU.
+    """
+
+    cached_launch: bool = os.environ.get("RL_TRITON_CORE_FASTPATH", "1") == "1"
+    segment_len: int | None = None
+    tile: tuple | None = None
+    programs_per_sm: int = 8
+    look_back: bool | None = {"1": True, "0": False}.get(
+        os.environ.get("RL_TRITON_CORE_LOOKBACK", ""))
+    look_window: int = 16
+    look_maps_only: bool = False
+    middle_elems: int = 2048
+    tm_steps: int = 16
+    cpu_threads: int | None = None
+    cpu_plans: bool = False
+
+    def __post_init__(self):
+        # hashed once: the tuning is part of every cached launch's key
+        fields = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self):
+        return self._hash
+
+    def replace(self, **changes) -> Tuning:
+        return dataclasses.replace(self, **changes)
+
+
+_current = Tuning()
+
+
+def current_tuning() -> Tuning:
+    """The :class:`Tuning` in effect."""
+    return _current
+
+
+def set_tuning(value: Tuning) -> Tuning:
+    """Make ``value`` the tuning in effect (process-wide); returns the previous one."""
+    global _current
+    if not isinstance(value, Tuning):
+        raise TypeError(f"set_tuning takes a Tuning, got {type(value).__name__}")
+    previous, _current = _current, value
+    return previous
+
+
+@contextlib.contextmanager
+def tuning(**changes):
+    """Run a block with some knobs changed (see :class:`Tuning` for their names)."""
+    previous = set_tuning(_current.replace(**changes))
+    try:
+        yield _current
+    finally:
+        set_tuning(previous)

@@ -1,0 +1,612 @@
+"""The one Triton kernel: a chunked affine scan with coefficients built in registers.
+
+    backward (REVERSE): h_t = alpha_t + beta_t * h_{t+1},  h_T     = init (0)
+    forward:            h_t = alpha_t + beta_t * h_{t-1},  h_{-1}  = init (0)
+
+A program owns BLOCK_N streams and walks its time range in BLOCK_T chunks,
+carrying h across chunks, so T is unbounded. Inside a chunk the (alpha, beta)
+pairs are combined with ``tl.associative_scan``. Every estimator is one MODE with
+its own coefficient builder (``_gae``, ``_vtrace``, ...: each returns exactly the
+terms it names) and its own store; both read the raw inputs in registers, one pass
+over memory. Every tensor is addressed as [N1, N2, T] (``_layout``), so time-major,
+batch-major, trailing features and broadcast flags all run without a copy.
+
+The interface is lean: an absent input is ``None`` (a compile-time constant, so
+its code is not generated), a scalar coefficient is one float32 (its low part
+rides in ``LO`` for float64 data only), and the strides come in one tuple ``STR``:
+three shared by the outputs and every data input where they all agree (UNIFORM,
+the common case, with the no-time inputs contiguous), else three per data slot and
+two per no-time slot in the order of ``_launch.STRIDE_SLOTS``.
+
+When there are too few streams to fill the GPU (a flat RLlib stream, 16 long
+sequences), the time axis is also split into S segments (grid axis 1):
+PHASE 1 stores each segment's composed map (A, B) in a workspace, PHASE 3 (one
+program per stream block) composes those maps once, in time order, into the
+carry leaving each segment, and PHASE 2 scans each segment again from the carry
+entering it and writes the outputs. PHASE 0 is the single-pass case (S = 1).
+Where all programs fit on the GPU at once, PHASE 4 does it in one launch instead:
+a chunk per program, the carry from a decoupled look-back (``_look_back``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from rl_triton_core import _table
+
+LINREC = tl.constexpr(_table.MODE_LINREC)
+GAE = tl.constexpr(_table.MODE_GAE)
+TDLAMBDA = tl.constexpr(_table.MODE_TDLAMBDA)
+TRACE = tl.constexpr(_table.MODE_TRACE)
+VTRACE = tl.constexpr(_table.MODE_VTRACE)
+RETRACE = tl.constexpr(_table.MODE_RETRACE)
+GAE_BWD = tl.constexpr(_table.MODE_GAE_BWD)
+TD_BWD = tl.constexpr(_table.MODE_TD_BWD)
+VTRACE_BWD = tl.constexpr(_table.MODE_VTRACE_BWD)
+
+# each slot's place in a per-slot (non-uniform) STR: data slots 3 strides each, then
+# the no-time slots 2 each (_launch.STRIDE_SLOTS gives the same order)
+K_OUT = tl.constexpr(0)
+K_X = tl.constexpr(1)
+K_V = tl.constexpr(2)
+K_NV = tl.constexpr(3)
+K_TERM = tl.constexpr(4)
+K_TRUNC = tl.constexpr(5)
+K_RHO = tl.constexpr(6)
+K_G = tl.constexpr(7)
+K_LM = tl.constexpr(8)
+K_RB = tl.constexpr(9)
+K_CB = tl.constexpr(10)
+K_PB = tl.constexpr(11)
+K_BOOT = tl.constexpr(12)
+K_INIT = tl.constexpr(13)
+
+
+@triton.jit
+def _combine(a1, b1, a2, b2):
+    # (a1, b1) is applied first, then (a2, b2): h -> a2 + b2 * (a1 + b1 * h)
+    return a2 + b2 * a1, b1 * b2
+
+
+@triton.jit
+def _offset(K: tl.constexpr, STR, o1, o2, t, UNIFORM: tl.constexpr):
+    """Element offset of [n1, n2, t] in data slot K."""
+    if UNIFORM:
+        return o1 * STR[0] + o2 * STR[1] + t * STR[2]
+    else:
+        return o1 * STR[3 * K] + o2 * STR[3 * K + 1] + t * STR[3 * K + 2]
+
+
+@triton.jit
+def _offset_notime(K: tl.constexpr, STR, n1, n2, N2, UNIFORM: tl.constexpr):
+    """Element offset of [n1, n2] in no-time slot K (contiguous where UNIFORM)."""
+    if UNIFORM:
+        return n1 * N2 + n2
+    else:
+        return n1 * STR[36 + 2 * (K - 12)] + n2 * STR[37 + 2 * (K - 12)]
+
+
+@triton.jit
+def _ld(P, K: tl.constexpr, STR, o1, o2, t, m, UNIFORM: tl.constexpr, FP64: tl.constexpr):
+    x = tl.load(P + _offset(K, STR, o1, o2, t, UNIFORM), mask=m, other=0)
+    if FP64:
+        return x.to(tl.float64)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _coef(P, K: tl.constexpr, s, LO, LI: tl.constexpr, STR, o1, o2, t, m,
+          UNIFORM: tl.constexpr, FP64: tl.constexpr):
+    """A coefficient at step t: its tensor P, else the scalar s (float64: s + LO[LI]);
+    1 where the estimator has none (s None)."""
+    if P is not None:
+        return _ld(P, K, STR, o1, o2, t, m, UNIFORM, FP64)
+    elif s is None:
+        return 1.0
+    elif FP64:
+        one = tl.full([], 1.0, tl.float64)  # (not .to: the interpreter passes floats)
+        return s * one + LO[LI] * one
+    else:
+        return s
+
+
+@triton.jit
+def _exp(x, FP64: tl.constexpr):
+    """exp; in float64 by range reduction and a degree-13 Taylor polynomial, since
+    tl.exp of a float64 is only float32-accurate on CUDA (seen with triton 3.6)."""
+    if FP64:
+        xc = tl.minimum(tl.maximum(x, -708.0), 709.0)
+        k = tl.floor(xc * 1.4426950408889634 + 0.5)
+        r = xc - k * 6.93147180369123816490e-01 - k * 1.90821492927058770002e-10
+        p = 1.0 / 6227020800.0
+        p = p * r + 1.0 / 479001600.0
+        p = p * r + 1.0 / 39916800.0
+        p = p * r + 1.0 / 3628800.0
+        p = p * r + 1.0 / 362880.0
+        p = p * r + 1.0 / 40320.0
+        p = p * r + 1.0 / 5040.0
+        p = p * r + 1.0 / 720.0
+        p = p * r + 1.0 / 120.0
+        p = p * r + 1.0 / 24.0
+        p = p * r + 1.0 / 6.0
+        p = p * r + 0.5
+        p = p * r + 1.0
+        p = p * r + 1.0
+        scale = ((k.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
+        return tl.where(x != x, x, p * scale)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _column(h, cols, idx):
+    return tl.sum(tl.where(cols == idx, h, 0.0), axis=1)
+
+
+@triton.jit
+def _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, tt, m_flags, m_coef,
+          UNIFORM: tl.constexpr, FP64: tl.constexpr):
+    """(terminated, done, gamma, lambda) of step ``tt`` (t, or t-1 in the forward scans)."""
+    term = _ld(TERM, K_TERM, STR, o1, o2, tt, m_flags, UNIFORM, FP64)
+    if TRUNC is not None:
+        done = tl.maximum(term, _ld(TRUNC, K_TRUNC, STR, o1, o2, tt, m_flags, UNIFORM, FP64))
+    else:
+        done = term
+    gamma = _coef(G, K_G, g, LO, 0, STR, o1, o2, tt, m_coef, UNIFORM, FP64)
+    lmbda = _coef(L, K_LM, lm, LO, 1, STR, o1, o2, tt, m_coef, UNIFORM, FP64)
+    return term, done, gamma, lmbda
+
+
+@triton.jit
+def _next_value(V, NV, boot, STR, o1, o2, t, m, T, UNIFORM: tl.constexpr, FP64: tl.constexpr):
+    """(V_t, V_{t+1} (0 past the end), V'_t): next_values if given, else V_{t+1}, and at
+    t = T-1 the bootstrap value (0 without one)."""
+    if V is not None:
+        v = _ld(V, K_V, STR, o1, o2, t, m, UNIFORM, FP64)
+        vnext = _ld(V, K_V, STR, o1, o2, t + 1, m & (t + 1 < T), UNIFORM, FP64)
+    else:
+        v = 0.0
+        vnext = 0.0
+    if NV is not None:
+        nv = _ld(NV, K_NV, STR, o1, o2, t, m, UNIFORM, FP64)
+    else:
+        nv = tl.where(t == T - 1, boot, vnext)
+    return v, vnext, nv
+
+
+# ------------------------------------------------------------- coefficient builders
+# One per mode: (alpha, beta) of h_t = alpha_t + beta_t h_{t+-1}, then the terms that
+# mode's store needs. ``boot`` is V'_{T-1} of the shifted form, [BLOCK_N, 1].
+
+
+@triton.jit
+def _linrec(X, V, STR, o1, o2, t, m, UNIFORM: tl.constexpr, FP64: tl.constexpr):
+    """alpha_t = X_t, beta_t = V_t (the primitive)."""
+    return (_ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64),
+            _ld(V, K_V, STR, o1, o2, t, m, UNIFORM, FP64))
+
+
+@triton.jit
+def _trace(X, TERM, G, L, g, lm, LO, STR, o1, o2, t, m, UNIFORM: tl.constexpr,
+           FP64: tl.constexpr, REVERSE: tl.constexpr):
+    """Forward: z_t = x_t + gamma_{t-1} lambda_{t-1} (1 - done_{t-1}) z_{t-1}; REVERSE
+    (its adjoint): u_t = g_t + gamma_t lambda_t (1 - done_t) u_{t+1}. (alpha, beta)."""
+    if REVERSE:
+        tp = t
+        m_p = m
+    else:
+        tp = tl.maximum(t - 1, 0)
+        m_p = m & (t >= 1)
+    x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
+    term_p, done_p, gamma, lmbda = _step(TERM, None, G, L, g, lm, LO, STR, o1, o2, tp, m_p, m,
+                                         UNIFORM, FP64)
+    return x, gamma * lmbda * (1.0 - done_p)
+
+
+@triton.jit
+def _gae(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR, o1, o2, t, m, T,
+         UNIFORM: tl.constexpr, FP64: tl.constexpr):
+    """alpha_t = r_t + gamma (1 - term_t) V'_t - V_t, beta_t = gamma lambda (1 - done_t);
+    then V_t (the targets add it)."""
+    term, done, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m, m,
+                                     UNIFORM, FP64)
+    v, vnext, nv = _next_value(V, NV, boot, STR, o1, o2, t, m, T, UNIFORM, FP64)
+    x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
+    return x + gamma * (1.0 - term) * nv - v, gamma * lmbda * (1.0 - done), v
+
+
+@triton.jit
+def _tdlambda(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR, o1, o2, t, m, T,
+              UNIFORM: tl.constexpr, FP64: tl.constexpr):
+    """G_t = r_t + gamma (1 - term_t) [(1 - lambda c_t) V'_t + lambda c_t G_{t+1}],
+    c_t = 1 - done_t (0 at T-1): (alpha, beta)."""
+    term, done, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m, m,
+                                     UNIFORM, FP64)
+    v, vnext, nv = _next_value(V, NV, boot, STR, o1, o2, t, m, T, UNIFORM, FP64)
+    x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
+    c = tl.where(t == T - 1, 0.0, 1.0 - done)
+    gnt = gamma * (1.0 - term)
+    return x + gnt * (1.0 - lmbda * c) * nv, gnt * lmbda * c
+
+
+@triton.jit
+def _vtrace(X, V, NV, TERM, TRUNC, RHO, G, L, RB, CB, PB, boot, g, lm, rb, cb, pb, LO, STR,
+            o1, o2, t, m, T, UNIFORM: tl.constexpr, FP64: tl.constexpr):
+    """alpha_t = rho_t (r_t + gamma (1 - term_t) V'_t - V_t), beta_t = gamma (1 - done_t)
+    c_t; then V_t and pg_t = p0 + [cont] p1 (vnext + D_{t+1}): (v, p0, p1, vnext, cont)."""
+    term, done, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m, m,
+                                     UNIFORM, FP64)
+    v, vnext, nv = _next_value(V, NV, boot, STR, o1, o2, t, m, T, UNIFORM, FP64)
+    x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
+    ratio = _exp(_ld(RHO, K_RHO, STR, o1, o2, t, m, UNIFORM, FP64), FP64)
+    rho = tl.minimum(ratio, _coef(RB, K_RB, rb, LO, 2, STR, o1, o2, t, m, UNIFORM, FP64))
+    c = lmbda * tl.minimum(ratio, _coef(CB, K_CB, cb, LO, 3, STR, o1, o2, t, m, UNIFORM, FP64))
+    pgrho = tl.minimum(ratio, _coef(PB, K_PB, pb, LO, 4, STR, o1, o2, t, m, UNIFORM, FP64))
+    gnt = gamma * (1.0 - term)
+    cont = (done == 0.0) & (t < T - 1)
+    p0 = pgrho * (x - v + tl.where(cont, 0.0, gnt * nv))
+    return rho * (x + gnt * nv - v), gamma * (1.0 - done) * c, v, p0, pgrho * gnt, vnext, cont
+
+
+@triton.jit
+def _retrace(X, V, NV, TERM, TRUNC, RHO, G, L, CB, g, lm, cb, LO, STR, o1, o2, t, m, T,
+             UNIFORM: tl.constexpr, FP64: tl.constexpr):
+    """alpha_t = r_t + gamma (1 - term_t) E_t - Q_t, beta_t = gamma (1 - done_t) c_{t+1}
+    (the trace of step t uses the ratio, lambda and c_bar of step t+1); then Q_t."""
+    term, done, gamma, lmbda = _step(TERM, TRUNC, G, None, g, None, LO, STR, o1, o2, t, m, m,
+                                     UNIFORM, FP64)
+    q = _ld(V, K_V, STR, o1, o2, t, m, UNIFORM, FP64)
+    e = _ld(NV, K_NV, STR, o1, o2, t, m, UNIFORM, FP64)
+    x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
+    mn = m & (t + 1 < T)
+    ratio = _exp(_ld(RHO, K_RHO, STR, o1, o2, t + 1, mn, UNIFORM, FP64), FP64)
+    lnext = _coef(L, K_LM, lm, LO, 1, STR, o1, o2, t + 1, mn, UNIFORM, FP64)
+    cbn = _coef(CB, K_CB, cb, LO, 3, STR, o1, o2, t + 1, mn, UNIFORM, FP64)
+    c_next = tl.where(t + 1 < T, lnext * tl.minimum(ratio, cbn), 0.0)
+    return x + gamma * (1.0 - term) * e - q, gamma * (1.0 - done) * c_next, q
+
+
+@triton.jit
+def _returns_bwd(X, V, TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m,
+                 UNIFORM: tl.constexpr, FP64: tl.constexpr, IS_GAE: tl.constexpr):
+    """The adjoint of GAE (IS_GAE) or TD(lambda), a forward scan: X = dL/dadvantages or
+    dL/dreturns, V = dL/dtargets (GAE); u_t = g_t + beta_{t-1} u_{t-1} with every
+    coefficient the forward's at t-1 (0 at t = 0). (alpha, beta), then the upstream
+    target gradient and a_{t-1}, the values' gradient factor of u_{t-1}."""
+    tp = tl.maximum(t - 1, 0)
+    term_p, done_p, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, tp,
+                                         m & (t >= 1), m, UNIFORM, FP64)
+    x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
+    if V is not None:
+        gt = _ld(V, K_V, STR, o1, o2, t, m, UNIFORM, FP64)
+    else:
+        gt = x * 0.0
+    a_p = gamma * (1.0 - term_p)
+    if IS_GAE:
+        beta = gamma * lmbda * (1.0 - done_p)
+    else:
+        beta = a_p * lmbda * (1.0 - done_p)
+        a_p = a_p * (1.0 - lmbda * (1.0 - done_p))
+    first = t < 1
+    return x + gt, tl.where(first, 0.0, beta), gt, tl.where(first, 0.0, a_p)
+
+
+@triton.jit
+def _vtrace_bwd(X, V, TERM, TRUNC, RHO, G, L, RB, CB, PB, g, lm, rb, cb, pb, LO, STR,
+                o1, o2, t, m, UNIFORM: tl.constexpr, FP64: tl.constexpr):
+    """The adjoint of V-trace (shifted values), a forward scan: X = dL/dvs, V = dL/dpg;
+    u_t = g_vs_t + K_{t-1} + beta_{t-1} u_{t-1}, the trace coefficients the forward's at
+    t-1 (0 at t = 0), rho and the pg clip at t. (alpha, beta), then for the store
+    dL/drewards = p1 u + p0 and dL/dvalues = g_vs - dL/dr + vnext dL/dr_{t-1}, where
+    dL/dr_{t-1} = cont u_{t-1} + extra at a segment's first step: (x, p0, p1, vnext,
+    cont, extra)."""
+    tp = tl.maximum(t - 1, 0)
+    mp = m & (t >= 1)
+    term_p, done_p, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, tp, mp, m,
+                                         UNIFORM, FP64)
+    x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
+    gp = _ld(V, K_V, STR, o1, o2, t, m, UNIFORM, FP64)
+    gp_p = _ld(V, K_V, STR, o1, o2, tp, mp, UNIFORM, FP64)  # 0 at t = 0
+    ratio = _exp(_ld(RHO, K_RHO, STR, o1, o2, t, m, UNIFORM, FP64), FP64)
+    ratio_p = _exp(_ld(RHO, K_RHO, STR, o1, o2, tp, mp, UNIFORM, FP64), FP64)
+    rb_t = _coef(RB, K_RB, rb, LO, 2, STR, o1, o2, t, m, UNIFORM, FP64)
+    rb_p = _coef(RB, K_RB, rb, LO, 2, STR, o1, o2, tp, m, UNIFORM, FP64)
+    cb_p = _coef(CB, K_CB, cb, LO, 3, STR, o1, o2, tp, m, UNIFORM, FP64)
+    pb_t = _coef(PB, K_PB, pb, LO, 4, STR, o1, o2, t, m, UNIFORM, FP64)
+    pb_p = _coef(PB, K_PB, pb, LO, 4, STR, o1, o2, tp, m, UNIFORM, FP64)
+    first = t < 1
+    gnt_p = tl.where(first, 0.0, gamma * (1.0 - term_p))
+    pgg_p = tl.minimum(ratio_p, pb_p) * gp_p
+    beta = tl.where(first, 0.0, gamma * (1.0 - done_p) * lmbda * tl.minimum(ratio_p, cb_p))
+    alpha = x + gnt_p * (1.0 - done_p) * pgg_p  # + K_{t-1}
+    return (alpha, beta, x, tl.minimum(ratio, pb_t) * gp, tl.minimum(ratio, rb_t), gnt_p,
+            tl.minimum(ratio_p, rb_p), pgg_p)
+
+
+@triton.jit
+def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
+               REVERSE: tl.constexpr, W: tl.constexpr, MAPS_ONLY: tl.constexpr):
+    """PHASE 4 (one pass, decoupled look-back): the carry entering segment ``pid_s``.
+
+    Workspace (zeroed per call): A, B and P [S, N] (a segment's composed map, the
+    carry leaving it), then a status per (stream block, segment): 0 nothing, 1 its
+    map, 2 its carry; then the ticket counter. A program publishes its map, then
+    walks back W segments at a time (towards the start in time; towards the end in
+    reverse) composing their maps until it meets a published carry, then publishes
+    its own carry. Programs take segments in ticket order, so every segment they
+    wait on belongs to a program that has started: no deadlock. MAPS_ONLY (tests)
+    reads every carry but the first segment's as a map, so the interpreter, which runs
+    programs one after another, also walks back over maps, window after window.
+    """
+    PA = WS
+    PB = WS + S * N
+    PP = WS + 2 * S * N
+    FL = (WS + 3 * S * N).to(tl.pointer_type(tl.int32)) + pid_n.to(tl.int64) * S
+    off = pid_s.to(tl.int64) * N + n
+    if REVERSE:
+        first = pid_s == S - 1
+        step = 1
+    else:
+        first = pid_s == 0
+        step = -1
+    tl.store(PA + off, agg_a, mask=nmask)
+    tl.store(PB + off, agg_b, mask=nmask)
+    tl.store(PP + off, agg_a + agg_b * init, mask=nmask)  # the carry, if first
+    tl.debug_barrier()
+    tl.atomic_xchg(FL + pid_s, first.to(tl.int32) + 1, sem="release")  # 2 if first
+    carry = init
+    acc_a = tl.zeros_like(agg_a)  # not agg_a * 0: a NaN in this segment must stay in it
+    acc_b = acc_a + 1.0
+    w = tl.arange(0, W)
+    top = pid_s + step
+    done = first.to(tl.int32)
+    while done == 0:
+        j = top + step * w
+        valid = (j >= 0) & (j < S)
+        st = tl.atomic_add(FL + j, 0, mask=valid, sem="acquire")
+        st = tl.where(valid, st, 3)
+        if MAPS_ONLY:
+            if REVERSE:
+                st = tl.where(j == S - 1, st, tl.minimum(st, 1))
+            else:
+                st = tl.where(j == 0, st, tl.minimum(st, 1))
+        # the nearest published carry in the window, and whether every segment
+        # between it and us has published at least its map
+        p_w = tl.min(tl.where(st == 2, w, W), axis=0)
+        blocked = tl.max(tl.where((w < p_w) & (st == 0), 1, 0), axis=0)
+        if blocked == 0:
+            tl.debug_barrier()
+            jj = j[None, :].to(tl.int64) * N + n[:, None]
+            lm = nmask[:, None] & valid[None, :]
+            ma = tl.load(PA + jj, mask=lm & (w[None, :] < p_w), other=0.0, volatile=True)
+            mb = tl.load(PB + jj, mask=lm & (w[None, :] < p_w), other=1.0, volatile=True)
+            pp = tl.load(PP + jj, mask=lm & (w[None, :] == p_w), other=0.0, volatile=True)
+            ma = tl.where(w[None, :] == p_w, pp, ma).to(agg_a.dtype)
+            mb = tl.where(w[None, :] == p_w, 0.0, mb).to(agg_a.dtype)
+            # the window's maps, the farthest applied first
+            ga, gb = tl.associative_scan((ma, mb), 1, _combine, reverse=True)
+            ga = _column(ga, w[None, :], 0)
+            gb = _column(gb, w[None, :], 0)
+            if p_w < W:
+                carry = acc_a + acc_b * ga
+                done = 1
+            else:
+                acc_a = acc_a + acc_b * ga
+                acc_b = acc_b * gb
+                top = top + step * W
+    if first == 0:
+        tl.store(PP + off, agg_a + agg_b * carry, mask=nmask)
+        tl.debug_barrier()
+        tl.atomic_xchg(FL + pid_s, 2, sem="release")
+    return carry
+
+
+
+@triton.jit(do_not_specialize=["UNIT"])
+def scan_kernel(
+    OUT0, OUT1, X, V, NV, TERM, TRUNC, RHO, G, L, RB, CB, PB, BOOT, INIT, WS,
+    g, lm, rb, cb, pb, LO, STR,
+    N, N2, T, SEG_LEN, S, UNIT,
+    MODE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr, UNIFORM: tl.constexpr,
+    FP64: tl.constexpr, SCALAR_N: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, LOOK_W: tl.constexpr,
+    LOOK_MAPS_ONLY: tl.constexpr,
+):
+    """OUT0 (and OUT1, None for one output) = the scan of MODE over [N1, N2, T].
+
+    Pointers: X (rewards, alpha, x or an upstream gradient), V (values, beta, Q or a
+    second gradient), NV (next values or E_t), TERM, TRUNC (flags), RHO (log ratios),
+    per-step coefficient tensors G, L, RB, CB, PB (gamma, lambda, the three clip
+    thresholds) and BOOT, INIT ([N1, N2]); each None where absent. g, lm, rb, cb, pb:
+    the scalar coefficients where there is no tensor (None where unused: 1), with
+    their float64 low parts in LO. WS: the segmented plans' workspace.
+    """
+    if PHASE == 4:
+        # segments in ticket order (the look-back waits only on started programs)
+        ctr = (WS + 3 * S * N).to(tl.pointer_type(tl.int32)) + tl.cdiv(N, BLOCK_N) * S
+        tk = tl.atomic_add(ctr, 1)
+        pid_n = tk // S
+        if REVERSE:
+            pid_s = S - 1 - tk % S
+        else:
+            pid_s = tk % S
+    else:
+        pid_n = tl.program_id(0)
+        pid_s = tl.program_id(1)
+    n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    nmask = n < N
+    n1 = n // N2
+    n2 = n % N2
+    if SCALAR_N:
+        # time-major: UNIT (= 1, unknown to the compiler) hides that streams are
+        # contiguous, so every load is one element per thread with threads along the
+        # streams and each thread holding its stream's BLOCK_T steps: the scan then runs
+        # in registers, with no layout conversion (byte flags included). The contiguity
+        # of 2 is not true of every index (n1 when N2 > 1, n2 when N2 is odd); it only
+        # orders the layout: the divisibility of 1 keeps every access one element wide
+        # (vector width = min(contiguity, alignment)).
+        n1 = tl.max_contiguous(tl.multiple_of(n1 * UNIT, 1), 2)
+        n2 = tl.max_contiguous(tl.multiple_of(n2 * UNIT, 1), 2)
+    o1 = n1[:, None]
+    o2 = n2[:, None]
+    nm2 = nmask[:, None]
+    cols = tl.arange(0, BLOCK_T)[None, :]
+    if FP64:
+        zero = tl.zeros([BLOCK_N], dtype=tl.float64)
+    else:
+        zero = tl.zeros([BLOCK_N], dtype=tl.float32)
+
+    carry = zero
+    if INIT is not None:
+        carry = tl.load(INIT + _offset_notime(K_INIT, STR, n1, n2, N2, UNIFORM), mask=nmask,
+                        other=0).to(zero.dtype)
+
+    if PHASE == 3:
+        # the middle pass: compose the segment maps (A, B) of PHASE 1 once, in time order,
+        # and leave in each segment's slot the carry leaving it
+        s_cols = tl.arange(0, BLOCK_S)[None, :]
+        n_sc = tl.cdiv(S, BLOCK_S)
+        for kk in range(0, n_sc):
+            if REVERSE:
+                k = n_sc - 1 - kk
+                edge = 0
+            else:
+                k = kk
+                edge = BLOCK_S - 1
+            s_idx = k * BLOCK_S + s_cols
+            sm = nm2 & (s_idx < S)
+            w_off = s_idx.to(tl.int64) * N + n[:, None]
+            wa = tl.load(WS + w_off, mask=sm, other=0.0).to(zero.dtype)
+            wb = tl.load(WS + S * N + w_off, mask=sm, other=1.0).to(zero.dtype)
+            A, B = tl.associative_scan((wa, wb), 1, _combine, reverse=REVERSE)
+            h = A + B * carry[:, None]
+            tl.store(WS + w_off, h.to(WS.dtype.element_ty), mask=sm)
+            carry = _column(h, s_cols, edge)
+    else:
+        t_lo = pid_s * SEG_LEN
+        t_hi = tl.minimum(t_lo + SEG_LEN, T)
+
+        # carry entering this segment: init, or (PHASE 2) the one PHASE 3 left in the
+        # workspace slot of the segment before it (after it, in reverse)
+        if PHASE == 1:
+            carry_a = zero
+            carry_b = zero + 1.0
+        if PHASE == 2:
+            if REVERSE:
+                prev = pid_s + 1
+            else:
+                prev = pid_s - 1
+            prev = prev.to(tl.int64) + n * 0
+            has_prev = (prev >= 0) & (prev < S)
+            c_prev = tl.load(WS + prev * N + n, mask=nmask & has_prev, other=0)
+            carry = tl.where(has_prev, c_prev.to(zero.dtype), carry)
+
+        carry_seg = carry
+        # V'_{T-1} of the shifted form: one value per stream, read once
+        boot = zero[:, None]
+        if BOOT is not None:
+            boot = tl.load(BOOT + _offset_notime(K_BOOT, STR, n1, n2, N2, UNIFORM), mask=nmask,
+                           other=0).to(zero.dtype)[:, None]
+        so1, so2, sot = STR[0], STR[1], STR[2]  # the outputs' (slot 0 in either form)
+        n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
+        for kk in tl.range(0, n_chunks, num_stages=STAGES):
+            if REVERSE:
+                k = n_chunks - 1 - kk
+            else:
+                k = kk
+            t = (t_lo + k * BLOCK_T + cols).to(tl.int64)
+            m = nm2 & (t < t_hi)
+            if MODE == LINREC:
+                alpha, beta = _linrec(X, V, STR, o1, o2, t, m, UNIFORM, FP64)
+            elif MODE == TRACE:
+                alpha, beta = _trace(X, TERM, G, L, g, lm, LO, STR, o1, o2, t, m, UNIFORM, FP64,
+                                     REVERSE)
+            elif MODE == GAE:
+                alpha, beta, v = _gae(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR,
+                                      o1, o2, t, m, T, UNIFORM, FP64)
+            elif MODE == TDLAMBDA:
+                alpha, beta = _tdlambda(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR,
+                                        o1, o2, t, m, T, UNIFORM, FP64)
+            elif MODE == VTRACE:
+                alpha, beta, v, p0, p1, vnext, cont = _vtrace(
+                    X, V, NV, TERM, TRUNC, RHO, G, L, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
+                    STR, o1, o2, t, m, T, UNIFORM, FP64)
+            elif MODE == RETRACE:
+                alpha, beta, v = _retrace(X, V, NV, TERM, TRUNC, RHO, G, L, CB, g, lm, cb, LO,
+                                          STR, o1, o2, t, m, T, UNIFORM, FP64)
+            elif MODE == GAE_BWD or MODE == TD_BWD:
+                alpha, beta, v, p1 = _returns_bwd(X, V, TERM, TRUNC, G, L, g, lm, LO, STR,
+                                                  o1, o2, t, m, UNIFORM, FP64, MODE == GAE_BWD)
+            else:
+                tl.static_assert(MODE == VTRACE_BWD)
+                alpha, beta, v, p0, p1, vnext, cont, extra = _vtrace_bwd(
+                    X, V, TERM, TRUNC, RHO, G, L, RB, CB, PB, g, lm, rb, cb, pb, LO, STR,
+                    o1, o2, t, m, UNIFORM, FP64)
+            alpha = tl.where(m, alpha, 0.0)
+            beta = tl.where(m, beta, 1.0)
+            A, B = tl.associative_scan((alpha, beta), 1, _combine, reverse=REVERSE)
+            if REVERSE:
+                edge = 0
+            else:
+                edge = BLOCK_T - 1
+            if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
+                carry = _look_back(WS, _column(A, cols, edge), _column(B, cols, edge), carry,
+                                   n, nmask, pid_n, pid_s, N, S, REVERSE, LOOK_W,
+                                   LOOK_MAPS_ONLY)
+                carry_seg = carry
+            if PHASE == 1:
+                carry_a = _column(A, cols, edge) + _column(B, cols, edge) * carry_a
+                carry_b = _column(B, cols, edge) * carry_b
+            else:
+                h = A + B * carry[:, None]
+                p_out = o1 * so1 + o2 * so2 + t * sot
+                if MODE == VTRACE:
+                    # pg_t needs vs_{t+1}: stored by this program (this chunk, or the one after
+                    # it in time, processed before it); at the segment's end, V_{t+1} + carry.
+                    tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+                    tl.debug_barrier()
+                    m_in = m & cont & (t + 1 < t_hi)
+                    vs_next = tl.load(OUT0 + p_out + sot, mask=m_in, other=0.0).to(h.dtype)
+                    vs_next = tl.where(t + 1 == t_hi, vnext + carry_seg[:, None], vs_next)
+                    pg = p0 + tl.where(cont, p1 * vs_next, 0.0)
+                    tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
+                elif MODE == RETRACE:
+                    tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+                elif MODE == VTRACE_BWD:
+                    g_r = p1 * h + p0
+                    tl.store(OUT0 + p_out, g_r.to(OUT0.dtype.element_ty), mask=m)
+                    if OUT1 is not None:
+                        # OUT0_{t-1}: stored by this program (this chunk or the one before
+                        # it); at the segment's start, from the carry entering it
+                        tl.debug_barrier()
+                        r_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
+                                         other=0.0).to(h.dtype)
+                        r_prev = tl.where(t == t_lo, cont * carry_seg[:, None] + extra, r_prev)
+                        g_val = v - g_r + vnext * r_prev
+                        tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
+                elif MODE == GAE_BWD or MODE == TD_BWD:
+                    tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                    if OUT1 is not None:
+                        # u_{t-1}: stored by this program (this chunk or the one before it);
+                        # at the segment's start, the carry entering it
+                        tl.debug_barrier()
+                        u_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
+                                         other=0.0).to(h.dtype)
+                        u_prev = tl.where(t == t_lo, carry_seg[:, None], u_prev)
+                        g_val = p1 * u_prev
+                        if MODE == GAE_BWD:
+                            g_val = g_val + v - h
+                        tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
+                elif MODE == GAE:
+                    tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                    tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
+                else:
+                    tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                carry = _column(h, cols, edge)
+
+        if PHASE == 1:
+            w_off = pid_s.to(tl.int64) * N + n
+            tl.store(WS + w_off, carry_a, mask=nmask)
+            tl.store(WS + S * N + w_off, carry_b, mask=nmask)

@@ -1,0 +1,409 @@
+"""The Triton launcher: the plan (tile, warps, time segments), the launch, and the
+cached launch that repeats it.
+
+``launch`` turns one validated call (tensors by slot, coefficients, layout) into the
+kernel's lean argument list: a pointer per present input (None for an absent one),
+one float32 per scalar coefficient, and one tuple of strides -- three shared by
+every data tensor and the outputs where they agree (UNIFORM), else three per data
+slot and two per no-time slot in the order of ``STRIDE_SLOTS``.
+
+The cached launch: a repeated call with the same shapes, strides, dtypes, device and
+tuning skips validation, layout work and Triton's argument binding. The first call of
+a configuration goes through the full path and records a :class:`Plan`: the kernel's
+positional arguments with the tensor and scalar positions marked, the compiled kernels
+and their constexprs. Later calls with the same key only check the scalar
+coefficients, allocate the outputs (or take the caller's ``out=`` tensors, whose
+shapes, strides, dtypes and alignments are part of the key, and check only that their
+memory does not overlap the inputs') and hand the argument list to the compiled
+kernels' launcher. Nothing here reads tensor data: no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import struct
+
+import torch
+import triton
+from triton import knobs
+
+from rl_triton_core import _table
+from rl_triton_core._config import Tuning, current_tuning
+from rl_triton_core._kernel import scan_kernel
+from rl_triton_core._validate import extent
+
+# kernel argument positions (scan_kernel's signature)
+POINTER_POS = {"x": 2, "v": 3, "nv": 4, "term": 5, "trunc": 6, "rho": 7, "g": 8, "lm": 9,
+               "rb": 10, "cb": 11, "pb": 12, "boot": 13, "init": 14}
+WS_POS = 15
+SCALAR_POS = {"g": 16, "lm": 17, "rb": 18, "cb": 19, "pb": 20}
+LO_POS, STR_POS = 21, 22
+LO_INDEX = {"g": 0, "lm": 1, "rb": 2, "cb": 3, "pb": 4}
+# the per-slot strides' order (the kernel's K_* constants): data slots, then no-time ones
+STRIDE_SLOTS = ("out", "x", "v", "nv", "term", "trunc", "rho", "g", "lm", "rb", "cb", "pb",
+                "boot", "init")
+_DATA = STRIDE_SLOTS[1:12]
+_F32_MAX = 3.4e38  # float32 max, with room so the rounded hi stays finite
+_SM_COUNT: dict = {}
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: small, so tests reach the segmented path
+    idx = device.index if device.index is not None else 0
+    sms = _SM_COUNT.get(idx)
+    if sms is None:
+        sms = _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return sms
+
+
+def _segments(N: int, T: int, block_n: int, block_t: int, device, tune: Tuning,
+              per_sm: int) -> tuple:
+    """(SEG_LEN, S): split time when the stream blocks alone cannot fill the GPU."""
+    if tune.segment_len is not None:  # tests: a power of two >= 16
+        seg = max(block_t, tune.segment_len // block_t * block_t)
+    else:
+        # enough programs to keep every SM busy: a few long streams get ~per_sm per SM
+        n_blocks = triton.cdiv(N, block_n)
+        target = per_sm * _sm_count(device)
+        seg = T
+        chunks = triton.cdiv(T, block_t)
+        if n_blocks < target // 4 and chunks > 1:
+            S = min(chunks, triton.cdiv(target, n_blocks), 512)
+            seg = triton.cdiv(chunks, S) * block_t
+    S = max(1, triton.cdiv(T, seg))
+    if S == 1:
+        seg = max(T, 1)
+    return seg, S
+
+
+def plan(N: int, T: int, time_contiguous: bool, device, mode: int = _table.MODE_GAE,
+         elem_bytes: int = 4, tune: Tuning | None = None):
+    """Tile shape, warps and time segmentation:
+    (BLOCK_N, BLOCK_T, SEG_LEN, S, num_warps, SCALAR_N, STAGES).
+
+    Batch-major data (time contiguous): one warp per stream row and a chunk of
+    32 x VEC steps (VEC = 16 bytes of the data type: one vector load per thread
+    and tensor), so the scan runs in registers and warp shuffles, without shared
+    memory. Measured on the H200 (docs/notes.md, tile sweep): 8 rows x 8 warps
+    for GAE / TD(lambda), 4 x 4 for the others; 2 rows x 4 warps where that alone
+    fills the GPU and the larger tile would split time. Time-major data (streams
+    contiguous): one thread per stream (SCALAR_N), each holding BLOCK_T steps, so
+    a warp's loads are one coalesced row per step and the scan is sequential in
+    registers -- unless there are fewer streams than a warp has threads: there,
+    up to 32 streams x 128 steps over 8 warps.
+    When the tiles cannot fill the GPU (few streams), time is split into
+    segments of whole chunks: two passes over the inputs, one over the outputs,
+    and between them one small pass over the segments' maps.
+    """
+    tune = tune or current_tuning()
+    tp = triton.next_power_of_2(max(T, 1))
+    np2 = triton.next_power_of_2(max(N, 1))
+    vec = max(1, 16 // elem_bytes)
+    scalar_n = False
+    stages = 1  # the chunk loop's software pipelining (tl.range num_stages); 1: none
+    per_sm = tune.programs_per_sm
+    if time_contiguous:
+        num_warps = 8 if mode in (_table.MODE_GAE, _table.MODE_TDLAMBDA) else 4
+        block_t = max(16, min(tp, 32 * vec))
+        block_n = max(2, min(np2, 32 * vec * num_warps // block_t))
+        if block_n > np2:  # a stream or two: several warps per row, VEC steps per thread
+            block_t = max(16, min(tp, 32 * vec * num_warps // block_n))
+        elif (_segments(N, T, block_n, block_t, device, tune, per_sm)[1] > 1
+              and triton.cdiv(N, 2) >= 2 * _sm_count(device)):
+            # enough streams to fill the GPU without splitting time if a program takes
+            # two rows (two warps each): one pass instead of two (1024x4096: GAE 52 -> 34
+            # us, V-trace 72 -> 56 us, docs/bench/*-s4-sweep3.md)
+            block_n, block_t, num_warps = 2, max(16, min(tp, 64 * vec)), 4
+    else:
+        num_warps = 2 if N >= 32768 else 1  # the sweep's best (docs/bench/*-s3-tm-sweep.md)
+        block_n = 32 * num_warps
+        block_t = max(16, min(tp, tune.tm_steps))
+        # thread per stream from one warp of streams: with the middle pass, also for
+        # many time segments (256x16384 GAE 148 -> 68 us, docs/bench/*-s4-tm-sweep.md)
+        scalar_n = N >= 32
+        if not scalar_n:
+            block_n = max(2, min(np2, 32))
+            block_t = max(16, min(tp, 4096 // block_n))
+            num_warps = 8 if block_n * block_t >= 4096 else 4
+    if tune.tile is not None:
+        block_n, block_t, num_warps = tune.tile[:3]
+        scalar_n = len(tune.tile) > 3 and tune.tile[3]
+        stages = tune.tile[4] if len(tune.tile) > 4 else 1
+        per_sm = tune.tile[5] if len(tune.tile) > 5 else per_sm
+    if tune.segment_len is not None:
+        block_t = max(16, min(block_t, tune.segment_len))
+    seg, S = _segments(N, T, block_n, block_t, device, tune, per_sm)
+    return block_n, block_t, seg, S, num_warps, scalar_n, stages
+
+
+def use_look_back(N: int, T: int, block_n: int, block_t: int, device,
+                  tune: Tuning | None = None) -> bool:
+    """Whether a segmented plan runs as one look-back launch (a chunk per program).
+
+    Measured on the H200 (docs/bench/*-s4-lookback.md): up to ~8 programs per SM
+    the look-back takes 0.65-1.04x the three launches' device time (4096x128 and
+    512x128 time-major, 256x1024, 16x131072 time-major), and saves two launches;
+    from ~2,000 programs its serial walk back over many segments makes it 2-3x
+    slower (16x131072 batch-major, 1x1M, 1024x4096 and 256x16384 time-major).
+    """
+    tune = tune or current_tuning()
+    if tune.look_back is not None:
+        return tune.look_back
+    programs = triton.cdiv(N, block_n) * triton.cdiv(T, block_t)
+    return programs <= tune.programs_per_sm * _sm_count(device)
+
+
+# --------------------------------------------------------------------------- launch
+
+
+@functools.lru_cache(maxsize=256)  # a training loop passes the same few coefficients
+def split(value: float):
+    """A float as two float32s (hi, lo) with hi + lo == value to ~48 bits: the kernel
+    takes float32 scalars and rebuilds float64 ones from the pair."""
+    if not abs(value) < _F32_MAX:  # inf (an unclipped threshold), beyond float32, NaN
+        return (value if value != value else math.copysign(math.inf, value)), 0.0
+    hi = struct.unpack("f", struct.pack("f", value))[0]
+    return hi, struct.unpack("f", struct.pack("f", value - hi))[0]
+
+
+def _relevant(strides, sizes):
+    """Strides with those of size-1 axes zeroed (never read: their index is 0)."""
+    return tuple(s if n > 1 else 0 for s, n in zip(strides, sizes))
+
+
+def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64: bool,
+           tune: Tuning):
+    """Launch the scan of ``mode`` into ``out0`` (and ``out1``).
+
+    ``ins``: slot -> tensor (or None) of the data and no-time inputs, already known to
+    broadcast; ``coefs``: slot -> (number or None, tensor or None).
+
+    Returns what a cached launch needs to repeat this one without Triton's argument
+    binding: ``(args, passed, ws_spec, [(compiled kernel, grid, constexprs)])``, where
+    ``passed`` maps each slot to the tensor the kernel received (a copy where the
+    layout needed one) or the number.
+    """
+    device = out0.device
+    N, N2, T = layout.N, layout.N2, layout.T
+    sizes3 = (layout.N1, N2, T)
+    o = layout.view3(out0)
+    args = [None] * (STR_POS + 1)
+    args[0], args[1] = out0, out1
+    strides = {"out": _relevant(o[1:], sizes3)}
+    passed = {}
+    for slot, t in ins.items():
+        if t is None:
+            continue
+        if slot in _table.NOTIME_SLOTS:
+            base, s1, s2 = layout.view3_notime(t)
+            strides[slot] = _relevant((s1, s2), sizes3[:2])
+        else:
+            base, *st = layout.view3(t)
+            strides[slot] = _relevant(st, sizes3)
+        args[POINTER_POS[slot]] = base
+        passed[slot] = base
+    lo = [0.0] * 5
+    for slot, (value, tensor) in coefs.items():
+        if tensor is not None:
+            base, *st = layout.view3(tensor)
+            strides[slot] = _relevant(st, sizes3)
+            args[POINTER_POS[slot]] = base
+            passed[slot] = base
+        elif value is not None:
+            hi, lo[LO_INDEX[slot]] = split(value) if fp64 else (value, 0.0)
+            args[SCALAR_POS[slot]] = hi
+            passed[slot] = value
+    args[LO_POS] = tuple(lo) if fp64 else None
+    contiguous_notime = _relevant((N2, 1), sizes3[:2])
+    uniform = all(strides[s] == strides["out"] for s in strides if s in _DATA) and all(
+        strides[s] == contiguous_notime for s in _table.NOTIME_SLOTS if s in strides)
+    if uniform:
+        args[STR_POS] = strides["out"]
+    else:
+        flat = []
+        for s in STRIDE_SLOTS:
+            flat += strides.get(s, (0, 0) if s in _table.NOTIME_SLOTS else (0, 0, 0))
+        args[STR_POS] = tuple(flat)
+    x_time = strides.get("x", (0, 0, 0))[2] if T > 1 else 1
+    time_contiguous = (x_time if x_time != 0 else strides["out"][2]) == 1 or T == 1
+    block_n, block_t, seg, S, num_warps, scalar_n, stages = plan(
+        N, T, time_contiguous, device, mode, out0.element_size(), tune)
+    consts = dict(MODE=mode, REVERSE=reverse, UNIFORM=uniform, FP64=fp64, SCALAR_N=scalar_n,
+                  BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_S=2, STAGES=stages,
+                  LOOK_W=tune.look_window, LOOK_MAPS_ONLY=tune.look_maps_only)
+    grid = (triton.cdiv(N, block_n), S)
+    ws_spec = None
+    wdt = torch.float64 if fp64 else torch.float32
+    if S == 1:
+        phases = (0,)
+    elif use_look_back(N, T, block_n, block_t, device, tune):
+        # one chunk per segment, one launch; the workspace starts zeroed (statuses, ticket)
+        seg = block_t
+        S = triton.cdiv(T, seg)
+        grid = (triton.cdiv(N, block_n) * S, 1)
+        phases = (4,)
+        ws_spec = ((3 * S * N + triton.cdiv(N, block_n) * S + 1,), wdt, True)
+    else:
+        phases = (1, 3, 2)
+        ws_spec = ((2, S, N), wdt, False)
+    if ws_spec is not None:
+        alloc = torch.zeros if ws_spec[2] else torch.empty
+        args[WS_POS] = alloc(ws_spec[0], device=device, dtype=wdt)
+    args += [N, N2, T, seg, S, 1]
+    launched = []
+    for phase in phases:
+        c = {**consts, "PHASE": phase}
+        pgrid = grid
+        if phase == 3:  # the middle pass: one program per stream block, BLOCK_S maps a step
+            pgrid = (grid[0], 1)
+            c["BLOCK_S"] = max(2, min(triton.next_power_of_2(S), tune.middle_elems // block_n))
+        kernel = scan_kernel[pgrid](*args, **c, num_warps=num_warps)
+        launched.append((kernel, pgrid, c))
+    return args, passed, ws_spec, launched
+
+
+# --------------------------------------------------------------------- cached launch
+
+
+class Plan:
+    """A recorded launch; calling it with a call's user arguments repeats the launch
+    (None: a check needs the full path, or ``broken``: this Triton's launcher takes
+    other arguments, so no plan can be replayed)."""
+
+    __slots__ = ("template", "tensor_pos", "number_pos", "checks", "like", "dtype", "shape",
+                 "two_out", "ws_spec", "kernels", "device", "user_out", "in_extents",
+                 "out_extents", "out_idx", "broken")
+
+    def _overlap(self, raw):
+        """Whether an out= tensor shares memory with an input or the other output: the
+        pointers against byte extents fixed by the key (no sync, no data read)."""
+        outs = []
+        for idx, ext in self.out_extents:
+            p = raw[idx].data_ptr()
+            outs.append((p, p + ext))
+        for idx, ext in self.in_extents:
+            p = raw[idx].data_ptr()
+            q = p + ext
+            for lo, hi in outs:
+                if p < hi and lo < q:
+                    return True
+        return len(outs) == 2 and outs[0][0] < outs[1][1] and outs[1][0] < outs[0][1]
+
+    def __call__(self, raw):
+        for idx, lo, hi in self.checks:
+            value = raw[idx]
+            if not lo <= value <= hi:  # also catches NaN: the full path raises the error
+                return None
+        if self.user_out:
+            if self._overlap(raw):  # the full path raises the error
+                return None
+            out0, out1 = raw[self.out_idx], raw[self.out_idx + 1]
+        else:
+            if self.like is not None:
+                out0 = torch.empty_like(raw[self.like], dtype=self.dtype)
+            else:
+                out0 = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            out1 = torch.empty_like(out0) if self.two_out else None
+        args = list(self.template)
+        args[0] = out0
+        args[1] = out1
+        for pos, idx in self.tensor_pos:
+            args[pos] = raw[idx]
+        lo = None
+        for pos, idx, lo_idx in self.number_pos:
+            if lo_idx is None:
+                args[pos] = float(raw[idx])
+            else:
+                if lo is None:
+                    lo = list(args[LO_POS])
+                args[pos], lo[lo_idx] = split(float(raw[idx]))
+        if lo is not None:
+            args[LO_POS] = tuple(lo)
+        if self.ws_spec is not None:
+            alloc = torch.zeros if self.ws_spec[2] else torch.empty
+            args[WS_POS] = alloc(self.ws_spec[0], dtype=self.ws_spec[1], device=self.device)
+        if not self._launch(args, self.device):
+            return None
+        return (out0, out1) if self.two_out else out0
+
+    def _launch(self, args, device) -> bool:
+        if device.index != torch.cuda.current_device():
+            with torch.cuda.device(device):
+                return self._run(args, device)
+        return self._run(args, device)
+
+    def _run(self, args, device) -> bool:
+        stream = torch.cuda.current_stream(device).cuda_stream
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        try:
+            for kernel, grid, consts in self.kernels:
+                full = (*args, *consts)
+                meta = kernel.launch_metadata(grid, stream, *full)
+                kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata,
+                           meta, enter, leave, *full)
+        except TypeError:  # a Triton whose launcher takes other arguments (before launching)
+            self.broken = True
+            return False
+        return True
+
+
+def record(raw, index, launched_call, out0, out1, like_idx, dtype, shape, user_out, out_idx):
+    """The plan of a call that just ran through the full path (None: not repeatable).
+
+    ``index``: slot -> position in ``raw`` of the user's argument that fed it. A tensor
+    the kernel received that is not the user's (a copy) makes the call uncacheable.
+    ``user_out``: ``out0``/``out1`` are the caller's out= tensors (``raw[out_idx]``,
+    ``raw[out_idx + 1]``), which a replay writes into again.
+    """
+    args, passed, ws_spec, launched = launched_call
+    if user_out:
+        for idx, t in ((out_idx, out0), (out_idx + 1, out1)):
+            user = raw[idx]
+            if (t is None) != (user is None) or (t is not None and (
+                    type(user) is not torch.Tensor or t.data_ptr() != user.data_ptr())):
+                return None
+    p = Plan()
+    p.broken = False
+    p.tensor_pos, p.number_pos, p.checks = [], [], []
+    fp64 = args[LO_POS] is not None
+    for slot, given in passed.items():
+        idx = index.get(slot)
+        user = None if idx is None else raw[idx]
+        if isinstance(given, torch.Tensor):
+            if not isinstance(user, torch.Tensor) or given.data_ptr() != user.data_ptr():
+                return None
+            p.tensor_pos.append((POINTER_POS[slot], idx))
+        else:
+            if user is None:  # an option the caller left out: the template's constant
+                continue
+            if isinstance(user, torch.Tensor):  # a one-element CPU tensor read as a number
+                return None
+            p.number_pos.append((SCALAR_POS[slot], idx, LO_INDEX[slot] if fp64 else None))
+            lo, hi = _table.COEF_RANGE[slot]
+            p.checks.append((idx, lo, math.inf if hi is None else hi))
+    template = list(args)
+    for pos, _ in p.tensor_pos:
+        template[pos] = None
+    template[0] = template[1] = template[WS_POS] = None
+    p.ws_spec = ws_spec
+    p.template = tuple(template)
+    names = scan_kernel.arg_names[len(args):]
+    p.kernels = [(k, grid, [consts[n] for n in names]) for k, grid, consts in launched]
+    p.like = like_idx
+    p.dtype = dtype
+    p.shape = shape
+    p.two_out = out1 is not None
+    p.device = out0.device
+    p.user_out = user_out
+    p.out_idx = out_idx
+    p.out_extents, p.in_extents = [], []
+    if user_out:
+        for idx, t in enumerate(raw):
+            if type(t) is torch.Tensor and t.numel():
+                (p.out_extents if idx >= out_idx else p.in_extents).append((idx, extent(t)))
+    return p
