@@ -5,6 +5,10 @@ would pull a multi-GB CUDA build on a CPU-only machine.
 """
 
 import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 import nox
 
@@ -17,6 +21,49 @@ TORCH = os.environ.get("RL_TRITON_CORE_TORCH", "torch==2.13.0")
 def _install(session, extras):
     session.install(TORCH)
     session.install("-e", f".[{extras}]")
+
+
+def _copy_source(session, dest):
+    """The files git would commit (tracked, and new ones it does not ignore), copied to
+    ``dest``: a stale ``build/`` or ``*.egg-info`` in the checkout cannot leak into the
+    wheel (setuptools reuses ``build/lib``, so a package dropped from the list would still
+    ship from a local build)."""
+    listing = session.run("git", "ls-files", "-z", "--cached", "--others",
+                          "--exclude-standard", silent=True, external=True)
+    for name in filter(None, listing.split("\0")):
+        path = Path(name)
+        if path.is_file():  # not a deletion that is not committed yet
+            (dest / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest / path)
+
+
+def _wheel_smoke(session):
+    """The wheel as a user gets it: built from the tree, installed with its own
+    dependencies (torch first, pinned) into a fresh venv, and run from a directory
+    outside the source tree, so that nothing resolves to the checkout. Catches a
+    package missing from ``[tool.setuptools] packages`` (e.g. ``rl_triton_core.bench``)
+    and adapters that import their framework at ``import`` time."""
+    tmp = Path(tempfile.mkdtemp(prefix="rl_triton_wheel_"))
+    try:
+        src, dist, venv, cwd = tmp / "src", tmp / "dist", tmp / "venv", tmp / "run"
+        cwd.mkdir()
+        _copy_source(session, src)
+        session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w",
+                    str(dist))
+        (wheel,) = dist.glob("rl_triton_core-*.whl")
+        session.run("python", "-m", "venv", str(venv))
+        python = str(venv / ("Scripts" if sys.platform == "win32" else "bin") / "python")
+        session.run(python, "-m", "pip", "install", "-q", TORCH, external=True)
+        session.run(python, "-m", "pip", "install", "-q", str(wheel), external=True)
+        with session.chdir(cwd):
+            session.run(python, "-m", "rl_triton_core.bench", "--help", external=True,
+                        silent=True)
+            # the adapters import their frameworks lazily: none is in this venv
+            session.run(python, "-c", "import rl_triton_core, rl_triton_torchrl, "
+                        "rl_triton_rllib, rl_triton_cleanrl; "
+                        "print('wheel OK:', rl_triton_core.__file__)", external=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @nox.session
@@ -33,6 +80,7 @@ def tests(session):
         session.env["NO_MKDOCS_2_WARNING"] = "1"
         session.run("mkdocs", "build", "--strict", "--site-dir", str(session.create_tmp()) +
                     "/site")
+        _wheel_smoke(session)  # and the wheel must install and run outside the tree
 
 
 @nox.session
