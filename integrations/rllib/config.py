@@ -89,9 +89,7 @@ def enable(config, *, gae: bool = True, vtrace: bool = True, fix_truncation: boo
     Args:
         config: an RLlib ``AlgorithmConfig`` (torch framework, new API stack).
         gae: swap the ``GeneralAdvantageEstimation`` learner connector piece (PPO).
-        vtrace: swap ``vtrace_torch`` in the IMPALA / APPO loss. Falls back to RLlib's
-            function (with a warning in the learner's log) while the installed core has
-            no ``vtrace``.
+        vtrace: swap ``vtrace_torch`` in the IMPALA / APPO loss.
         fix_truncation: IMPALA / APPO: bootstrap truncated and cut chunk ends from
             V(s_{t+1}) instead of reproducing RLlib's cancelled bootstrap.
         synchronize: sync the device after the GAE connector, so that RLlib's

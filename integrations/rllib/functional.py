@@ -76,13 +76,10 @@ def vtrace_torch(*, target_action_log_probs, behaviour_action_log_probs, discoun
     V'_t = the next slot's value (the chunk's extra step), instead of RLlib's
     zero-discount extra step cancelling that bootstrap. See ``docs/rllib.md``.
     """
-    vtrace, reason = _core.core_vtrace()
-    if vtrace is None:
-        raise NotImplementedError(reason)
     with torch.no_grad():
         log_rhos = target_action_log_probs.detach() - behaviour_action_log_probs.detach()
         discounts = discounts.detach()
-        vs, pg_advantages = vtrace(
+        vs, pg_advantages = _core.vtrace(
             log_rhos, rewards.detach(), values.detach(),
             discounts == 0,  # no bootstrap where RLlib's discount is 0 (also implied by gamma)
             truncateds,

@@ -7,9 +7,6 @@ only while a learner with :class:`TritonVTraceMixin` is computing its loss (a
 ``ContextVar``, so other learners in the process, and other threads, keep RLlib's
 function). The patch is idempotent, keeps the original as ``__wrapped__`` and is
 undone by :func:`unpatch_vtrace`.
-
-If the installed core has no ``vtrace`` yet, the mixin keeps RLlib's function and logs
-why.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
 from ray.rllib.algorithms.impala.torch.impala_torch_learner import IMPALATorchLearner
 from ray.rllib.algorithms.impala.torch.vtrace_torch_v2 import make_time_major
 from ray.rllib.core.columns import Columns
-from rl_triton_rllib import _core, functional
+from rl_triton_rllib import functional
 from rl_triton_rllib._options import RLTritonOptions
 
 logger = logging.getLogger(__name__)
@@ -107,10 +104,6 @@ class TritonVTraceMixin:
         options = RLTritonOptions.from_config(self.config)
         if not options.vtrace:
             logger.info("rl_triton: vtrace=False, keeping RLlib's vtrace_torch")
-            return
-        vtrace, reason = _core.core_vtrace()
-        if vtrace is None:
-            logger.warning("rl_triton: keeping RLlib's vtrace_torch: %s", reason)
             return
         patch_vtrace()
         self._rl_triton_vtrace = options

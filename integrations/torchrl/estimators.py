@@ -165,12 +165,7 @@ class TritonTDLambdaEstimator(_advantages.TDLambdaEstimator):
 
 
 class TritonVTrace(_advantages.VTrace):
-    """:class:`torchrl.objectives.value.VTrace` with the recursion in ``rl_triton_core.vtrace``.
-
-    Until the core has ``vtrace``,
-    :func:`rl_triton_torchrl.functional.vtrace_advantage_estimate` runs TorchRL's
-    own function, so this class gives TorchRL's numbers either way.
-    """
+    """:class:`torchrl.objectives.value.VTrace` with the recursion in ``rl_triton_core.vtrace``."""
 
     (forward,) = _rebuild(
         _advantages.VTrace, {"forward": (("vtrace_advantage_estimate",), True)}

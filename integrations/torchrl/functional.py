@@ -31,11 +31,11 @@ Where TorchRL is used instead (its own function, called with the same arguments)
 
 * ``rolling_gamma=False``: each start step k discounts its whole return with its
   own ``gamma_k``; that is T different recursions, not one linear recurrence.
-* autograd: when a gradient is needed (grad mode on and an input that requires
-  grad) and the core's function does not return a differentiable result, the
-  call is repeated with TorchRL's function, which is differentiable. The core
-  gains a backward pass in a later release; this module picks it up by itself.
-* ``vtrace_advantage_estimate`` while the core has no ``vtrace`` yet.
+* a gradient through ``gamma``, ``lmbda`` or V-trace's ``log_pi``, ``log_mu``,
+  ``rho_thresh``, ``c_thresh`` (grad mode on and one of them a tensor that
+  requires grad): the core's backward passes differentiate the data (rewards,
+  values, next values) and hold those inputs constant, TorchRL's arithmetic
+  differentiates through them. Gradients to the data alone run in the core.
 
 One input is out of scope on purpose: a step flagged ``terminated`` but not
 ``done``. TorchRL's environments never produce it (``done = terminated |
@@ -144,24 +144,11 @@ def _wants_grad(*inputs) -> bool:
     )
 
 
-# Whether each core function returned a differentiable result when asked (None: not yet seen).
-_CORE_AUTOGRAD: dict[str, bool] = {}
-
-
-def _core_or_torchrl(core_name: str, core_call, torchrl_call, grad_inputs):
-    """``core_call()``; ``torchrl_call()`` where autograd is needed and the core lacks it."""
-    if not _wants_grad(*grad_inputs):
-        return core_call()
-    if _CORE_AUTOGRAD.get(core_name) is False:
-        return torchrl_call()
-    try:
-        out = core_call()
-    except NotImplementedError:
-        _CORE_AUTOGRAD[core_name] = False
-        return torchrl_call()
-    first = out[0] if isinstance(out, tuple) else out
-    _CORE_AUTOGRAD[core_name] = first.requires_grad
-    return out if first.requires_grad else torchrl_call()
+def _core_or_torchrl(core_call, torchrl_call, constants):
+    """``core_call()``, or ``torchrl_call()`` where a gradient must reach one of
+    ``constants``: the inputs the core's backward holds constant (gamma, lmbda,
+    V-trace's log-probabilities and thresholds)."""
+    return torchrl_call() if _wants_grad(*constants) else core_call()
 
 
 def _lambda_returns(gamma, lmbda, next_state_value, reward, done, terminated, time_dim):
@@ -194,13 +181,12 @@ def _gae(name, gamma, lmbda, state_value, next_state_value, reward, done, termin
         )
 
     return _core_or_torchrl(
-        "gae",
         core_call,
         lambda: _TORCHRL[name](
             gamma, lmbda, state_value, next_state_value, reward, done, terminated,
             time_dim=time_dim,
         ),
-        (gamma, lmbda, state_value, next_state_value, reward),
+        (gamma, lmbda),
     )
 
 
@@ -283,12 +269,11 @@ def td1_return_estimate(
         )
 
     return _core_or_torchrl(
-        "discounted_returns",
         core_call,
         lambda: _TORCHRL["td1_return_estimate"](
             gamma, next_state_value, reward, done, terminated, rolling_gamma, time_dim=time_dim
         ),
-        (gamma, next_state_value, reward),
+        (gamma,),
     )
 
 
@@ -365,12 +350,11 @@ def _td_lambda(name, gamma, lmbda, next_state_value, reward, done, terminated, r
         terminated = done
     _same_shape(next_state_value, reward, done, terminated)
     return _core_or_torchrl(
-        "lambda_returns",
         lambda: _lambda_returns(gamma, lmbda, next_state_value, reward, done, terminated,
                                 time_dim),
         lambda: _TORCHRL[name](gamma, lmbda, next_state_value, reward, done, terminated,
                                rolling_gamma, time_dim=time_dim),
-        (gamma, lmbda, next_state_value, reward),
+        (gamma, lmbda),
     )
 
 
@@ -486,11 +470,8 @@ def vtrace_advantage_estimate(
 
     Returns:
         ``(advantage, value_target)``: the policy-gradient advantages and ``vs``.
-
-    While ``rl_triton_core`` has no ``vtrace``, this runs TorchRL's own function.
     """
     _same_shape(next_state_value, state_value, reward, done)
-    core_vtrace = getattr(_core, "vtrace", None)
 
     def torchrl_call():
         return _TORCHRL["vtrace_advantage_estimate"](
@@ -498,15 +479,13 @@ def vtrace_advantage_estimate(
             rho_thresh=rho_thresh, c_thresh=c_thresh, time_dim=time_dim,
         )
 
-    if core_vtrace is None:
-        return torchrl_call()
     td = _time_axis(time_dim, state_value)
     device = state_value.device
 
     def core_call():
         log_rhos, r, v, nv = _same_dtype(log_pi - log_mu, reward, state_value, next_state_value)
         rho_bar = _coefficient(rho_thresh, device)
-        vs, pg_advantage = core_vtrace(
+        vs, pg_advantage = _core.vtrace(
             log_rhos, r, v, done if terminated is None else terminated, done,
             next_values=nv, gamma=_coefficient(gamma, device), lmbda=1.0,
             rho_bar=rho_bar, c_bar=_coefficient(c_thresh, device), pg_rho_bar=rho_bar,
@@ -515,8 +494,7 @@ def vtrace_advantage_estimate(
         return pg_advantage, vs
 
     return _core_or_torchrl(
-        "vtrace", core_call, torchrl_call,
-        (gamma, log_pi, log_mu, state_value, next_state_value, reward),
+        core_call, torchrl_call, (gamma, log_pi, log_mu, rho_thresh, c_thresh)
     )
 
 

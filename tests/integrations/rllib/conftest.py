@@ -3,7 +3,6 @@
 * Makes ``rl_triton_rllib`` and ``rl_triton_core`` importable from a source checkout
   that is not pip-installed (also in Ray's worker processes, through PYTHONPATH).
 * One Ray instance for the whole directory (Ray's start-up is the slow part).
-* ``core_vtrace``: skips a test while the installed core has no ``vtrace``.
 """
 
 from __future__ import annotations
@@ -42,17 +41,6 @@ if not _installed("rl_triton_rllib"):
     _links = tempfile.mkdtemp(prefix="rl_triton_rllib_src_")
     os.symlink(REPO / "integrations" / "rllib", os.path.join(_links, "rl_triton_rllib"))
     _prepend_path(_links)
-
-
-@pytest.fixture
-def core_vtrace():
-    """The core's public ``vtrace``; skips the test while the core has none."""
-    from rl_triton_rllib import _core
-
-    vtrace, reason = _core.core_vtrace()
-    if vtrace is None:
-        pytest.skip(f"rl_triton_core.vtrace is missing (issue 3 in progress): {reason}")
-    return vtrace
 
 
 @pytest.fixture(scope="session")

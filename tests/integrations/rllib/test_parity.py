@@ -166,7 +166,7 @@ def vtrace_inputs(rng, T=40, B=6, gamma=0.99):
 
 @pytest.mark.parametrize("clip_rho,clip_pg_rho", [(1.0, 1.0), (2.0, 0.5), (None, None)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_vtrace_torch_matches_rllib(core_vtrace, seed, clip_rho, clip_pg_rho):
+def test_vtrace_torch_matches_rllib(seed, clip_rho, clip_pg_rho):
     inputs = vtrace_inputs(np.random.default_rng(seed))
     kwargs = dict(clip_rho_threshold=clip_rho, clip_pg_rho_threshold=clip_pg_rho)
     vs_e, pg_e = rllib_vtrace(**inputs, **kwargs)
@@ -177,7 +177,7 @@ def test_vtrace_torch_matches_rllib(core_vtrace, seed, clip_rho, clip_pg_rho):
         torch.testing.assert_close(got, expected, **TOL)
 
 
-def test_vtrace_fix_truncation_worked_example(core_vtrace):
+def test_vtrace_fix_truncation_worked_example():
     """docs/rllib.md's example: one truncated chunk of 3 steps + its extra step, r = 1,
     V = 1 everywhere (also V(s_3), held by the extra step), gamma = 0.9, on-policy."""
     T = 4
@@ -222,7 +222,7 @@ def triton_device(monkeypatch):
     return device
 
 
-def test_functional_on_triton_kernels(triton_device, core_vtrace):
+def test_functional_on_triton_kernels(triton_device):
     rng = np.random.default_rng(4)
     v, r, te, tr = flat_stream(rng, n_chunks=6, max_len=120)
     expected = rllib_compute_value_targets(v, r, te, tr, 0.99, 0.95)

@@ -12,7 +12,7 @@ import pytest
 import rl_triton_rllib
 from ray.rllib.algorithms.appo import APPOConfig
 from ray.rllib.algorithms.ppo import PPOConfig
-from rl_triton_rllib import _core, functional
+from rl_triton_rllib import functional
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -71,9 +71,9 @@ def test_ppo_smoke_remote_learner():
 
 @pytest.mark.parametrize("fix_truncation", [False, True])
 def test_appo_smoke(monkeypatch, fix_truncation):
-    """APPO with the V-trace switch. With the core's vtrace present, the loss goes
-    through rl_triton_rllib.functional.vtrace_torch (spied on; the learner runs in
-    this process); without it the learner keeps RLlib's function and still trains."""
+    """APPO with the V-trace switch: the loss goes through
+    rl_triton_rllib.functional.vtrace_torch (spied on; the learner runs in this process)
+    and trains."""
     calls = []
     inner = functional.vtrace_torch
 
@@ -104,14 +104,11 @@ def test_appo_smoke(monkeypatch, fix_truncation):
         assert trained, "APPO made no learner update in 8 iterations"
     finally:
         algo.stop()
-    if _core.core_vtrace()[0] is None:
-        assert calls == []  # fell back to RLlib's vtrace_torch
+    assert calls, "the Triton V-trace was never called"
+    if fix_truncation:
+        assert any(calls), "fix_truncation passed no truncated chunk ends"
     else:
-        assert calls, "the Triton V-trace was never called"
-        if fix_truncation:
-            assert any(calls), "fix_truncation passed no truncated chunk ends"
-        else:
-            assert set(calls) == {None}
+        assert set(calls) == {None}
 
 
 @pytest.mark.slow

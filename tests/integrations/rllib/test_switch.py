@@ -137,7 +137,7 @@ def test_survives_remove_of_gae(env, caplog):
     assert len(pipeline.connectors) == n - 1 and gae_pieces(learner) == []
 
 
-def test_vtrace_patch_is_idempotent_and_undoable(core_vtrace):
+def test_vtrace_patch_is_idempotent_and_undoable():
     from ray.rllib.algorithms.appo.torch import appo_torch_learner
     from ray.rllib.algorithms.impala.torch import impala_torch_learner, vtrace_torch_v2
 

@@ -153,8 +153,8 @@ def test_two_trajectories_concatenated_equal_the_halves(name, gen):
     left = call(getattr(ours, name), name, 0.97, 0.9, a)
     right = call(getattr(ours, name), name, 0.97, 0.9, b)
     if isinstance(whole, tuple):
-        for w, l, r in zip(whole, left, right, strict=True):
-            assert_close(w, torch.cat([l, r], dim=-2))
+        for w, lft, rgt in zip(whole, left, right, strict=True):
+            assert_close(w, torch.cat([lft, rgt], dim=-2))
     else:
         assert_close(whole, torch.cat([left, right], dim=-2))
 
@@ -221,7 +221,7 @@ def test_inputs_not_modified(name, gen):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_gradients_reach_rewards(name, gen):
-    """differentiable use: the same gradients as TorchRL's (core backward or fallback)."""
+    """differentiable use: the core's backward gives TorchRL's gradients."""
     x = make(gen, (3,), 15, torch.float64, "cpu")
     weights = torch.randn(3, 15, 1, generator=gen, dtype=torch.float64)
     grads = []
@@ -232,6 +232,47 @@ def test_gradients_reach_rewards(name, gen):
         (out * weights).sum().backward()
         grads.append(r.grad)
     assert_close(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_to_the_data_run_in_the_core(name, gen, monkeypatch):
+    """rewards, values and next values that require grad: the core's backward runs (not
+    TorchRL's function) and gives TorchRL's gradients to each of them."""
+    x = make(gen, (3,), 15, torch.float64, "cpu")
+    weights = torch.randn(3, 15, 1, generator=gen, dtype=torch.float64)
+    data_keys = [k for k in ("V", "NV", "R") if k in ARGS[name].split()]
+    grads = []
+    for module in (trl, ours):
+        leaves = {k: x[k].clone().requires_grad_(True) for k in data_keys}
+        out = call(getattr(module, name), name, 0.95, 0.9, {**x, **leaves})
+        out = out[0] if isinstance(out, tuple) else out
+        (out * weights).sum().backward()
+        grads.append({k: t.grad for k, t in leaves.items()})
+        if module is trl:  # from here on no TorchRL function may run
+            for fn in ours._TORCHRL:
+                monkeypatch.setitem(ours._TORCHRL, fn, None)
+    for k in data_keys:
+        assert_close(grads[1][k], grads[0][k])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_to_the_coefficients_run_torchrl(name, gen):
+    """A gamma (or V-trace log-probability) that requires grad: the core holds it
+    constant, so TorchRL's function runs and its gradient reaches it."""
+    x = make(gen, (3,), 15, torch.float64, "cpu")
+    weights = torch.randn(3, 15, 1, generator=gen, dtype=torch.float64)
+    grads = []
+    for module in (ours, trl):
+        gamma = torch.tensor(0.95, dtype=torch.float64, requires_grad=True)
+        lp = x["LP"].clone().requires_grad_(True)
+        out = call(getattr(module, name), name, gamma, 0.9, {**x, "LP": lp})
+        out = out[0] if isinstance(out, tuple) else out
+        (out * weights).sum().backward()
+        grads.append((gamma.grad, lp.grad))
+    assert grads[0][0] is not None and torch.isfinite(grads[0][0])
+    assert_close(grads[0][0], grads[1][0])
+    if name == "vtrace_advantage_estimate":
+        assert_close(grads[0][1], grads[1][1])
 
 
 def test_no_grad_mode_uses_the_core(gen, monkeypatch):
@@ -309,8 +350,6 @@ def test_cpu_scalar_tensors_with_cuda_data(name, gen):
 def test_one_core_call(name, core_fn, gen, monkeypatch):
     import rl_triton_core
 
-    if not hasattr(rl_triton_core, core_fn):
-        pytest.skip(f"rl_triton_core has no {core_fn} yet")
     calls = []
     original = getattr(rl_triton_core, core_fn)
     monkeypatch.setattr(rl_triton_core, core_fn,
