@@ -1,10 +1,16 @@
 """Sessions: tests, lint, demo, bench, docs, compat.  Run `python3 -m nox -s <name>`.
 
 torch is pinned and installed first, explicitly: a bare `torch` requirement
-would pull a multi-GB CUDA build on a CPU-only machine.
+would pull a multi-GB CUDA build on a CPU-only machine. `RL_TRITON_CORE_TORCH`
+overrides what is installed (pip arguments, split like a shell line), e.g. on a
+CPU-only machine whose package index has only CUDA builds:
+
+    RL_TRITON_CORE_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" \
+        python3 -m nox -s tests
 """
 
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -15,11 +21,11 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
 
-TORCH = os.environ.get("RL_TRITON_CORE_TORCH", "torch==2.13.0")
+TORCH = shlex.split(os.environ.get("RL_TRITON_CORE_TORCH", "torch==2.13.0"))
 
 
 def _install(session, extras):
-    session.install(TORCH)
+    session.install(*TORCH)
     session.install("-e", f".[{extras}]")
 
 
@@ -53,7 +59,7 @@ def _wheel_smoke(session):
         (wheel,) = dist.glob("rl_triton_core-*.whl")
         session.run("python", "-m", "venv", str(venv))
         python = str(venv / ("Scripts" if sys.platform == "win32" else "bin") / "python")
-        session.run(python, "-m", "pip", "install", "-q", TORCH, external=True)
+        session.run(python, "-m", "pip", "install", "-q", *TORCH, external=True)
         session.run(python, "-m", "pip", "install", "-q", str(wheel), external=True)
         with session.chdir(cwd):
             session.run(python, "-m", "rl_triton_core.bench", "--help", external=True,
@@ -90,7 +96,7 @@ def compat(session):
     Not in CI (a second torch install); run it when the launch or compile path changes."""
     # numpy < 2.3: triton 3.6's interpreter turns 1-element arrays into loop bounds with
     # int(), which newer numpy refuses
-    session.install(os.environ.get("RL_TRITON_CORE_TORCH_OLD", "torch==2.11.0"),
+    session.install(*shlex.split(os.environ.get("RL_TRITON_CORE_TORCH_OLD", "torch==2.11.0")),
                     "triton==3.6.0", "numpy<2.3")
     session.install("-e", ".[dev,bench]")
     session.env["TRITON_INTERPRET"] = "1"

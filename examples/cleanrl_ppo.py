@@ -41,6 +41,8 @@ import tyro
 from rl_triton_cleanrl import compute_gae
 from torch.distributions.categorical import Categorical
 
+import rl_triton_core
+
 
 @dataclass
 class Args:
@@ -51,7 +53,7 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=False`"""
     cuda: bool = True
-    """if toggled, cuda will be enabled by default"""
+    """use the GPU when there is one (--no-cuda: the CPU); without one the run uses the CPU"""
     num_threads: int = 1
     """torch CPU threads (small MLPs run fastest on one; 0 keeps torch's default)"""
 
@@ -93,8 +95,8 @@ class Args:
 
     # rl_triton_core arguments
     gae_backend: Literal["triton", "loop"] = "triton"
-    """`triton`: one rl_triton_core call (the Triton kernel on CUDA, the CPU path on CPU);
-    `loop`: CleanRL's original Python loop over time"""
+    """`triton`: one rl_triton_core call (the Triton kernel on CUDA, the numba CPU path on
+    CPU; the run prints which as gae_ran_on); `loop`: CleanRL's original Python loop"""
     bootstrap_truncated: bool = True
     """bootstrap the advantage of time-limit truncations from V(final observation);
     `--no-bootstrap-truncated` reproduces CleanRL, which treats every episode end as terminal"""
@@ -102,13 +104,13 @@ class Args:
     """stop once the mean return of the last 20 episodes reaches this, and exit with status 1
     if it never does (the demo uses 475)"""
 
-    # to be filled in runtime
-    batch_size: int = 0
-    """the batch size (computed in runtime)"""
-    minibatch_size: int = 0
-    """the mini-batch size (computed in runtime)"""
-    num_iterations: int = 0
-    """the number of iterations (computed in runtime)"""
+    # computed from the arguments above at start-up (hidden from --help)
+    batch_size: tyro.conf.Suppress[int] = 0
+    """num_envs * num_steps"""
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    """batch_size // num_minibatches"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """total_timesteps // batch_size"""
 
 
 def make_env(env_id):
@@ -174,6 +176,10 @@ def main(argv=None):
         torch.set_num_threads(args.num_threads)
 
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # what computes GAE: this project's backend for the device (Triton kernel, numba CPU
+    # path or, with TRITON_INTERPRET=1, Triton's interpreter), or CleanRL's loop
+    gae_ran_on = rl_triton_core.backend_for(device) if args.gae_backend == "triton" else "loop"
+    print(f"device={device} gae_backend={args.gae_backend} gae_ran_on={gae_ran_on}", flush=True)
 
     # env setup: reset in the same step, so that infos["final_obs"] holds the true final
     # observation of an episode that just ended while next_obs is already the reset one
@@ -400,6 +406,7 @@ def main(argv=None):
     print(
         f"finished: global_step={global_step} wall_time={elapsed:.1f}s "
         f"SPS={int(global_step / elapsed)} gae_backend={args.gae_backend} "
+        f"gae_ran_on={gae_ran_on} "
         f"gae_time={gae_time:.3f}s gae_time_share={gae_time / elapsed:.2%} "
         f"final_mean_return={mean_return:.1f}"
         + (f" solved={solved}" if args.target_return is not None else ""),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 
@@ -148,6 +149,10 @@ class Stopwatch:
 
 
 def main(args: Args) -> dict:
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        print(f"--device {args.device}: no CUDA GPU here, running on the CPU instead",
+              file=sys.stderr, flush=True)
+        args = dataclasses.replace(args, device="cpu")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -14,10 +14,12 @@ signatures, docstrings) -> ``_ops`` (one custom op per estimator, for torch.comp
 -> ``_autograd`` (the autograd Functions and backward passes) -> ``_call`` (checks and
 the cached launch) -> ``_dispatch`` (the backend) -> ``_launch`` and ``_kernel`` (Triton,
 imported on first CUDA use) or ``_cpu`` (numba); ``_table`` (one row per estimator),
-``_config`` (the tuning knobs), ``_layout`` and ``_validate`` serve them all.
+``_config`` (the tuning knobs), ``_report`` (what ran), ``_layout`` and ``_validate``
+serve them all.
 """
 
 from rl_triton_core._config import Tuning, current_tuning, tuning
+from rl_triton_core._report import backend_for, describe
 from rl_triton_core.estimators import (
     discounted_returns,
     eligibility_traces,
@@ -40,6 +42,8 @@ __all__ = [
     "vtrace",
     "retrace",
     "retrace_from_actions",
+    "backend_for",
+    "describe",
     "Tuning",
     "tuning",
     "current_tuning",

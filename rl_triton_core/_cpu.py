@@ -29,6 +29,40 @@ _KERNELS: dict = {}
 _CACHE = os.environ.get("RL_TRITON_CORE_NUMBA_CACHE", "1") == "1"
 
 
+def _cache_outside_the_source_tree():
+    """numba's cache of this module goes to numba's user-wide cache directory (e.g.
+    ~/.cache/numba), not next to the source in rl_triton_core/__pycache__, where an
+    editable install would collect about a thousand files; NUMBA_CACHE_DIR, when set,
+    still decides. Other modules' numba functions are not affected."""
+    try:
+        from numba.core import caching
+    except ImportError:  # pragma: no cover - numba's layout changed: its default applies
+        return
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
+    user_wide = getattr(caching, "UserWideCacheLocator", None) or getattr(
+        caching, "_UserWideCacheLocator", None)
+    if impl is None or user_wide is None:  # pragma: no cover
+        return
+    here = os.path.abspath(__file__)
+
+    class _Locator(user_wide):
+        rl_triton_core = True
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if os.path.abspath(py_file) != here:
+                return None
+            return super().from_function(py_func, py_file)
+
+    classes = impl._locator_classes
+    if not any(getattr(c, "rl_triton_core", False) for c in classes):
+        classes.insert(1, _Locator)  # after NUMBA_CACHE_DIR's locator, before __pycache__'s
+
+
+if _CACHE:
+    _cache_outside_the_source_tree()
+
+
 def kernel(mode, reverse, two_out, has_v, has_nv, has_trunc, has_boot, has_init, g_tensor,
            l_tensor, rb_tensor=False, cb_tensor=False, pb_tensor=False):
     key = (mode, reverse, two_out, has_v, has_nv, has_trunc, has_boot, has_init, g_tensor,

@@ -14,6 +14,8 @@ import gymnasium as gym
 import pytest
 import torch
 
+import rl_triton_core
+
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 DISCRETE = EXAMPLES / "cleanrl_ppo.py"
 CONTINUOUS = EXAMPLES / "cleanrl_ppo_continuous.py"
@@ -72,6 +74,10 @@ def test_discrete_smoke(gae_backend, bootstrap, capsys):
     out = run_main(DISCRETE, argv + ["--gae-backend", gae_backend, bootstrap], capsys)
     check_log(out, iterations=3)
     assert f"gae_backend={gae_backend}" in out
+    # the backend that really ran (numba here on CPU tensors, Triton's interpreter under
+    # TRITON_INTERPRET=1 with RL_TRITON_CORE_BACKEND=triton), never a claim of Triton
+    ran = "loop" if gae_backend == "loop" else rl_triton_core.backend_for("cpu")
+    assert f"gae_ran_on={ran}" in out
 
 
 @pytest.mark.parametrize("gae_backend", ["triton", "loop"])

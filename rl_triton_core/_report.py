@@ -1,0 +1,69 @@
+"""What ran: the backend a call takes, and the versions behind it.
+
+    >>> import torch, rl_triton_core as rc
+    >>> rc.backend_for(torch.zeros(3))      # CPU tensors: the numba path
+    'numba'
+    >>> print(rc.describe(torch.zeros(3)))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+
+import torch
+
+from rl_triton_core import _dispatch
+
+__all__ = ["backend_for", "describe"]
+
+
+def backend_for(x) -> str:
+    """The backend an estimator call on ``x`` (a tensor, or a device) takes.
+
+    Returns ``"triton"`` (the Triton kernels, compiled for the GPU: CUDA tensors),
+    ``"numba"`` (the compiled CPU path: CPU tensors), or ``"interpreter"`` (the Triton
+    kernels run by Triton's interpreter on CPU tensors: ``RL_TRITON_CORE_BACKEND=triton``
+    with ``TRITON_INTERPRET=1``, for testing kernel logic without a GPU, and slow).
+    Reads ``RL_TRITON_CORE_BACKEND`` as a call does (ValueError for a bad value).
+    """
+    if isinstance(x, torch.Tensor):
+        device = x.device
+    else:
+        device = torch.device(x)
+    if _dispatch.backend_for(device) == "cpu":
+        return "numba"
+    return "interpreter" if device.type == "cpu" else "triton"
+
+
+def _version(name: str) -> str | None:
+    try:  # without importing the package (Triton may be absent, or slow to import)
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def describe(x=None) -> str:
+    """A short report for bug reports and logs: the library's, torch's, Triton's and
+    numba's versions, the GPU, the backend settings and, for ``x`` (a tensor or a
+    device), the device and the backend a call on it takes (:func:`backend_for`)."""
+    from rl_triton_core import __version__
+
+    lines = [f"rl_triton_core {__version__}", f"torch {torch.__version__}"
+             + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)"),
+             f"triton {_version('triton') or 'not installed'}",
+             f"numba {_version('numba') or 'not installed'}"]
+    if torch.cuda.is_available():
+        lines.append("GPU " + ", ".join(torch.cuda.get_device_name(i)
+                                        for i in range(torch.cuda.device_count())))
+    else:
+        lines.append("GPU none")
+    lines.append("RL_TRITON_CORE_BACKEND=" + os.environ.get("RL_TRITON_CORE_BACKEND", "auto")
+                 + (" TRITON_INTERPRET=1" if os.environ.get("TRITON_INTERPRET") == "1" else ""))
+    if x is not None:
+        device = x.device if isinstance(x, torch.Tensor) else torch.device(x)
+        path = {"triton": "the Triton kernels", "numba": "the numba CPU path",
+                "interpreter": "the Triton kernels in Triton's interpreter (slow)"}
+        b = backend_for(device)
+        lines.append(f"{device}: backend {b} ({path[b]})")
+    return "\n".join(lines)
