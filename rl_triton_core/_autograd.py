@@ -144,8 +144,9 @@ def _last(shape, td, dtype, device) -> torch.Tensor:
 
 
 def _flags(terminated, truncated, dtype, shape=None):
-    term = terminated.to(dtype)
-    done = term if truncated is None else torch.maximum(term, truncated.to(dtype))
+    """(terminated, done) as 0/1 in ``dtype``: nonzero means set (as flag.bool())."""
+    term = (terminated != 0).to(dtype)
+    done = term if truncated is None else torch.maximum(term, (truncated != 0).to(dtype))
     if shape is not None:
         term, done = torch.broadcast_to(term, shape), torch.broadcast_to(done, shape)
     return term, done
@@ -186,9 +187,9 @@ def _boot_grad(gamma, terminated, g, shape, td, dtype, device):
         gamma = torch.broadcast_to(gamma, shape).select(td, last)
     term = torch.broadcast_to(terminated, shape).select(td, last)
     g_last = gamma * g.select(td, last)
-    if term.dtype == torch.bool:  # two small kernels, not a cast and three products
-        return torch.where(term, 0.0, g_last)
-    return (1.0 - term.to(dtype)) * g_last
+    if term.dtype != torch.bool:  # nonzero means set
+        term = term != 0
+    return torch.where(term, 0.0, g_last)
 
 
 @dataclass(frozen=True)
@@ -415,7 +416,7 @@ def forward_scan_backward(s: Saved, done, g, need_init: bool):
     if fused:  # the kernel's trace mode run backward: one pass, no coefficients
         u = _trace_adjoint_fused(s, g, done, feat, dtype)
     else:
-        notdone = 1.0 - done.to(dtype).reshape(tuple(done.shape) + (1,) * feat)
+        notdone = (done == 0).to(dtype).reshape(tuple(done.shape) + (1,) * feat)
         u = _scan(_grad(g, shape, dtype, device),
                   torch.broadcast_to(decay * notdone, shape), reverse=True, td=td)
     g_init = None

@@ -97,6 +97,18 @@ def _ld(P, K: tl.constexpr, STR, o1, o2, t, m, UNIFORM: tl.constexpr, FP64: tl.c
 
 
 @triton.jit
+def _ld_flag(P, K: tl.constexpr, STR, o1, o2, t, m, UNIFORM: tl.constexpr,
+             FP64: tl.constexpr):
+    """A flag as 0/1: nonzero means set, as ``flag.bool()`` reads it (2.0, -1 and NaN
+    are set), whatever its dtype."""
+    x = tl.load(P + _offset(K, STR, o1, o2, t, UNIFORM), mask=m, other=0)
+    if FP64:
+        return (x != 0).to(tl.float64)
+    else:
+        return (x != 0).to(tl.float32)
+
+
+@triton.jit
 def _coef(P, K: tl.constexpr, s, LO, LI: tl.constexpr, STR, o1, o2, t, m,
           UNIFORM: tl.constexpr, FP64: tl.constexpr):
     """A coefficient at step t: its tensor P, else the scalar s (float64: s + LO[LI]);
@@ -149,9 +161,10 @@ def _column(h, cols, idx):
 def _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, tt, m_flags, m_coef,
           UNIFORM: tl.constexpr, FP64: tl.constexpr):
     """(terminated, done, gamma, lambda) of step ``tt`` (t, or t-1 in the forward scans)."""
-    term = _ld(TERM, K_TERM, STR, o1, o2, tt, m_flags, UNIFORM, FP64)
+    term = _ld_flag(TERM, K_TERM, STR, o1, o2, tt, m_flags, UNIFORM, FP64)
     if TRUNC is not None:
-        done = tl.maximum(term, _ld(TRUNC, K_TRUNC, STR, o1, o2, tt, m_flags, UNIFORM, FP64))
+        done = tl.maximum(term, _ld_flag(TRUNC, K_TRUNC, STR, o1, o2, tt, m_flags, UNIFORM,
+                                         FP64))
     else:
         done = term
     gamma = _coef(G, K_G, g, LO, 0, STR, o1, o2, tt, m_coef, UNIFORM, FP64)
