@@ -3,7 +3,7 @@ builder (a MODE of the one scan) and runs it; the math lives in the docstrings
 here, in ``reference.py`` (float64 loops) and in the coefficient builders of
 ``_kernel.py`` / ``_cpu.py``; the plumbing comes from the table in ``_table.py``.
 
-Conventions (../shared/spec/semantics.md): flags are step-aligned,
+Conventions (docs/semantics.md): flags are step-aligned,
 ``terminated_t`` cuts the bootstrap, ``done_t = terminated_t or truncated_t``
 cuts the trace. ``V'_t`` is ``next_values[t]`` if given, else ``values[t+1]``
 for ``t < T-1`` and ``bootstrap_value`` (0 if omitted) at ``t = T-1``.
