@@ -45,6 +45,13 @@ def backend_for(device: torch.device) -> str:
 def key_of(prefix, raw, tune):
     """The cache key of a call (``raw``: its arguments as the user passed them, out=
     slots last), or None where only the full path applies."""
+    try:
+        return _key_of(prefix, raw, tune)
+    except RuntimeError:  # a tensor without strides (sparse, nested): the full path says why
+        return None
+
+
+def _key_of(prefix, raw, tune):
     key = [prefix, tune]
     for s in raw:
         if s is None:

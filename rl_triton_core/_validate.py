@@ -16,6 +16,16 @@ _FLAG_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, t
 def tensor(name: str, t, *, flag: bool = False) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.is_nested or t.layout != torch.strided:
+        kind = "nested" if t.is_nested else str(t.layout)
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a {kind} tensor: "
+                        "convert it first (e.g. .to_dense(), or pad a nested tensor)")
+    if t.is_meta:
+        raise ValueError(f"{name} is a meta tensor (shape only, no data): pass a tensor "
+                         "with data, on the CPU or a GPU")
+    if flag and t.requires_grad:
+        raise ValueError(f"{name} is a flag (nonzero means set) and takes no gradient, but "
+                         "it requires grad: pass it detached (e.g. .detach() or .bool())")
     if t.is_complex():
         raise TypeError(f"{name} must be real (float, int or bool), got dtype {t.dtype}")
     if flag and not (t.dtype in _FLAG_DTYPES or t.is_floating_point()):

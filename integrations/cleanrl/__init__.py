@@ -143,6 +143,13 @@ def compute_gae(
                 f"{name}: expected shape {tuple(rewards.shape)} like rewards, got {tuple(x.shape)}"
             )
     for name, x in (("next_value", next_value), ("next_done", next_done)):
+        if x.numel() != num_envs and x.numel() == num_steps:
+            raise ValueError(
+                f"rewards, values and dones have shape {tuple(rewards.shape)}, read as "
+                f"[num_steps={num_steps}, num_envs={num_envs}], but {name} has "
+                f"{x.numel()} entries, rewards.shape[0]: the buffers look transposed "
+                "(CleanRL's are [num_steps, num_envs], time first)"
+            )
         if x.numel() != num_envs:
             raise ValueError(
                 f"{name}: expected {num_envs} entries ([num_envs] or [1, num_envs]), got shape "

@@ -249,3 +249,13 @@ def test_cuda_matches_cleanrl_loop(dtype, tol):
         torch.testing.assert_close(ret_c.cpu(), ret, rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="next_value"):
         compute_gae(*original_args(cuda)[:3], b["next_value"], cuda["next_done"], 0.99, 0.95)
+
+
+def test_transposed_buffers_are_named():
+    """CleanRL's buffers are [num_steps, num_envs]: transposed ones get an error that
+    says so (not one that blames next_value)."""
+    steps, envs = 16, 4
+    rewards, values = torch.randn(envs, steps), torch.randn(envs, steps)
+    dones = torch.zeros(envs, steps)
+    with pytest.raises(ValueError, match="look transposed"):
+        compute_gae(rewards, values, dones, torch.randn(envs), torch.zeros(envs), 0.99, 0.95)
