@@ -3,6 +3,7 @@
     python examples/rllib_ppo.py                     # --rl-triton is the default
     python examples/rllib_ppo.py --no-rl-triton      # RLlib's NumPy GAE, for comparison
     python examples/rllib_ppo.py --iterations 20 --train-batch-size 100000
+    python examples/rllib_ppo.py --num-gpus-per-learner 1  # the learner (and GAE) on CUDA
 
 Prints, per training iteration, the mean episode return and the wall time of the
 learner connector's GAE piece (stock or Triton; value-function forward pass included)
@@ -30,6 +31,7 @@ class Args:
     num_epochs: int = 6
     num_env_runners: int = 0  # 0: sample in the driver process
     num_learners: int = 0  # 0: learn in the driver process; >= 1: remote learner actors
+    num_gpus_per_learner: int = 0  # 1: each learner (the local one too) on a CUDA GPU
     num_cpus: int = 2  # for ray.init
     seed: int = 0
 
@@ -97,7 +99,8 @@ def main(args: Args) -> None:
         PPOConfig()
         .environment("CartPole-v1")
         .env_runners(num_env_runners=args.num_env_runners)
-        .learners(num_learners=args.num_learners)
+        .learners(num_learners=args.num_learners,
+                  num_gpus_per_learner=args.num_gpus_per_learner)
         .training(
             train_batch_size_per_learner=args.train_batch_size,
             minibatch_size=args.minibatch_size,
@@ -114,7 +117,8 @@ def main(args: Args) -> None:
     algo = config.build_algo()
     algo.learner_group.foreach_learner(add_gae_stopwatch)
     print(f"rl_triton={args.rl_triton}  learner={config.learner_class.__name__}  "
-          f"train_batch_size={args.train_batch_size}")
+          f"train_batch_size={args.train_batch_size}  "
+          f"num_gpus_per_learner={args.num_gpus_per_learner}")
     print(f"{'iter':>4} {'return':>8} {'gae_ms':>9} {'iter_s':>7}")
     for i in range(1, args.iterations + 1):
         t0 = time.perf_counter()

@@ -67,6 +67,28 @@ if [[ $what == compare ]]; then
   python scripts/compare_bench.py "$OUT/bench_old.json" "$OUT/bench_new.json" \
     --out "$OUT/compare.md" | tail -12
 fi
+# interleave: ROUNDS rounds of (old, new) alternating, each a benchmark of IL_SHAPES x
+# IL_ESTIMATORS (ours and the floor) and a host_cost.py run; everything in $OUT/interleave.tgz
+if [[ $what == interleave ]]; then
+  res=/tmp/interleave; mkdir -p $res
+  for i in $(seq ${ROUNDS:-3}); do
+    for side in old new; do
+      path=$PWD commit=${RL_TRITON_COMMIT:-new}
+      [[ $side == old ]] && path=$PWD/.old commit=${RL_TRITON_COMMIT_OLD:-old}
+      PYTHONPATH=$path timeout ${IL_TIMEOUT:-90} python -m rl_triton_core.bench --no-peers \
+        --commit "$commit" --shapes ${IL_SHAPES:-65536x1024} --trunc none --no-progress \
+        --estimators ${IL_ESTIMATORS:-gae,vtrace,retrace,episodic_cumsum} \
+        --target-ms ${IL_TARGET_MS:-10} --out /tmp/il_${side}_$i > /dev/null 2>&1
+      cp /tmp/il_${side}_$i/benchmarks.json $res/bench_${side}_$i.json
+      RL_TRITON_COMMIT=$commit PYTHONPATH=$path timeout ${HOST_TIMEOUT:-90} python \
+        scripts/host_cost.py --out $res/host_${side}_$i.json ${HOST_ARGS:-} > $res/host_${side}_$i.md 2>&1
+    done
+  done
+  tar czf "$OUT/interleave.tgz" -C $res .
+  for i in $(seq ${ROUNDS:-3}); do
+    python scripts/compare_bench.py $res/bench_old_$i.json $res/bench_new_$i.json | tail -2
+  done
+fi
 if [[ $what == quick || $what == all ]]; then
   timeout ${QUICK_TIMEOUT:-200} python -m rl_triton_core.bench --no-peers --out "$OUT/kernels" \
     --estimators gae,lambda_returns,vtrace,retrace,episodic_cumsum ${QUICK_ARGS:-} \

@@ -161,3 +161,83 @@ def test_vtrace_patch_is_idempotent_and_undoable():
         triton_impala.unpatch_vtrace()
     assert impala_torch_learner.vtrace_torch is original
     assert appo_torch_learner.vtrace_torch is original
+
+
+# ------------------------------------------------------------------ clear refusals
+
+
+@pytest.mark.parametrize("bad,named", [
+    ({"env": "CartPole-v1"}, "got a dict"),
+    (PPOConfig, "got the class PPOConfig itself"),
+    ("PPO", "got str"),
+    (None, "got NoneType"),
+])
+def test_enable_refuses_what_is_not_a_config(bad, named):
+    """A dict (RLlib's old config style), the class, a name: a TypeError that says what
+    it got and what it wants, before anything else is looked at."""
+    with pytest.raises(TypeError) as info:
+        rl_triton_rllib.enable(bad)
+    message = str(info.value)
+    assert named in message
+    for wanted in ("AlgorithmConfig", "PPOConfig", "IMPALAConfig", "APPOConfig",
+                   "framework='torch'"):
+        assert wanted in message, (wanted, message)
+    assert "needs framework" not in message  # the old, misleading message
+    for other in (rl_triton_rllib.is_enabled, rl_triton_rllib.disable):
+        with pytest.raises(TypeError, match=named):
+            other(bad)
+
+
+def test_enable_refuses_a_dict_and_names_its_keys():
+    with pytest.raises(TypeError, match=r"dict \(keys \['env', 'lr'\]\).*from_dict"):
+        rl_triton_rllib.enable({"env": "CartPole-v1", "lr": 1e-3})
+
+
+@pytest.mark.parametrize("config_name", ["DQNConfig", "SACConfig"])
+def test_enable_refuses_an_algorithm_without_gae_or_vtrace(config_name):
+    """DQN and SAC have neither GAE nor V-trace: a ValueError naming the algorithm, its
+    learner and the supported algorithms, and the config is left as it was."""
+    import importlib
+
+    package = {"DQNConfig": "ray.rllib.algorithms.dqn",
+               "SACConfig": "ray.rllib.algorithms.sac"}[config_name]
+    config = getattr(importlib.import_module(package), config_name)()
+    algo = config_name.removesuffix("Config")
+    learner_before = config.learner_class
+    with pytest.raises(ValueError) as info:
+        rl_triton_rllib.enable(config)
+    message = str(info.value)
+    assert f"{algo} is not supported" in message
+    assert learner_before.__name__ in message  # e.g. DQNTorchLearner
+    for supported in ("PPO", "IMPALA", "APPO", "GAE", "V-trace", "TritonGAEMixin"):
+        assert supported in message, (supported, message)
+    assert config.learner_class is learner_before  # not renamed
+    assert "rl_triton" not in config.learner_config_dict
+    assert not rl_triton_rllib.is_enabled(config)
+
+
+def test_enable_refuses_a_custom_learner_outside_ppo_and_impala():
+    from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
+
+    class MyDQNLearner(DQNTorchLearner):
+        pass
+
+    config = PPOConfig().learners(learner_class=MyDQNLearner)
+    with pytest.raises(ValueError, match="MyDQNLearner.*neither GAE"):
+        rl_triton_rllib.enable(config)
+    assert config.learner_class is MyDQNLearner
+
+
+def test_enable_refuses_a_config_of_no_algorithm():
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    with pytest.raises(ValueError, match="AlgorithmConfig names no algorithm.*PPO"):
+        rl_triton_rllib.enable(AlgorithmConfig())
+
+
+def test_enable_refuses_the_old_api_stack():
+    config = PPOConfig().api_stack(enable_rl_module_and_learner=False,
+                                   enable_env_runner_and_connector_v2=False)
+    with pytest.raises(ValueError, match="new API stack.*enable_rl_module_and_learner"):
+        rl_triton_rllib.enable(config)
+    assert not rl_triton_rllib.is_enabled(config)
