@@ -94,6 +94,8 @@ def main(args: Args) -> None:
     import rl_triton_rllib
     from ray.rllib.algorithms.ppo import PPOConfig
 
+    import rl_triton_core
+
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     config = (
         PPOConfig()
@@ -116,7 +118,10 @@ def main(args: Args) -> None:
 
     algo = config.build_algo()
     algo.learner_group.foreach_learner(add_gae_stopwatch)
-    print(f"rl_triton={args.rl_triton}  learner={config.learner_class.__name__}  "
+    learner_device = "cuda" if args.num_gpus_per_learner else "cpu"
+    ran_on = rl_triton_core.backend_for(learner_device) if args.rl_triton else "rllib"
+    print(f"rl_triton={args.rl_triton}  gae_ran_on={ran_on}  "
+          f"learner={config.learner_class.__name__}  "
           f"train_batch_size={args.train_batch_size}  "
           f"num_gpus_per_learner={args.num_gpus_per_learner}")
     print(f"{'iter':>4} {'return':>8} {'gae_ms':>9} {'iter_s':>7}")

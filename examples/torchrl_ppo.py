@@ -45,6 +45,8 @@ from torchrl.envs import Compose, GymEnv, GymWrapper, RewardSum, StepCounter, Tr
 from torchrl.modules import MLP, ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 
+import rl_triton_core
+
 
 @dataclass
 class Args:
@@ -176,8 +178,10 @@ def main(args: Args) -> dict:
                           batch_size=args.minibatch_size)
     module_clock, recursion_clock = Stopwatch(device), Stopwatch(device)
 
+    ran_on = "torchrl" if args.estimator != "triton" else rl_triton_core.backend_for(device)
     print(f"PPO on {args.env_id}, {args.num_envs} envs, advantage module: "
-          f"{type(advantage).__module__}.{type(advantage).__name__}")
+          f"{type(advantage).__module__}.{type(advantage).__name__}, device {device}, "
+          f"gae_ran_on={ran_on}")
     frames, recent = 0, []
     start = time.perf_counter()
     iteration = 0
