@@ -38,6 +38,7 @@ import gymnasium as gym
 import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
+from torchrl import set_auto_unwrap_transformed_env
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import SamplerWithoutReplacement
@@ -150,6 +151,8 @@ class Stopwatch:
         return 1e3 * self.total / max(self.calls, 1)
 
 
+# TorchRL's default (nested TransformedEnvs unwrapped), stated, so it does not warn
+@set_auto_unwrap_transformed_env(True)
 def main(args: Args) -> dict:
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         print(f"--device {args.device}: no CUDA GPU here, running on the CPU instead",
