@@ -1,9 +1,9 @@
 """Sessions: tests, lint, demo, bench, docs, compat.  Run `python3 -m nox -s <name>`.
 
 torch is pinned and installed first, explicitly: a bare `torch` requirement
-would pull a multi-GB CUDA build on a CPU-only machine. `RL_TRITON_CORE_TORCH`
-overrides what is installed (pip arguments, split like a shell line), e.g. on a
-CPU-only machine whose package index has only CUDA builds:
+would pull a multi-GB CUDA build on a CPU-only machine. Without an NVIDIA GPU, torch
+comes from PyTorch's CPU index where that index is reachable. `RL_TRITON_CORE_TORCH`
+overrides what is installed (pip arguments, split like a shell line), e.g.
 
     RL_TRITON_CORE_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" \
         python3 -m nox -s tests
@@ -21,7 +21,35 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
 
-TORCH = shlex.split(os.environ.get("RL_TRITON_CORE_TORCH", "torch==2.13.0"))
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def _torch_spec() -> list:
+    """What installs torch: ``RL_TRITON_CORE_TORCH`` if set (pip arguments), else
+    torch 2.13.0 -- from PyTorch's CPU index on a machine without an NVIDIA GPU where that
+    index answers (PyPI's Linux wheels of torch are CUDA builds of several GB), else from
+    the configured index (a local CPU wheel on an offline machine, a CUDA build on a GPU
+    machine)."""
+    if "RL_TRITON_CORE_TORCH" in os.environ:
+        return shlex.split(os.environ["RL_TRITON_CORE_TORCH"])
+    spec = ["torch==2.13.0"]
+    gpu = shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
+    if not gpu and sys.platform == "linux" and _reachable("download.pytorch.org"):
+        spec += ["--index-url", CPU_INDEX]
+    return spec
+
+
+def _reachable(host: str) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, 443), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+TORCH = _torch_spec()
 
 
 def _install(session, extras):
