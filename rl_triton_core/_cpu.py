@@ -86,13 +86,13 @@ def _coefficients(MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, 
         tp = max(t - 1, 0)
         gamma = float(g[i, j, tp]) if G_TENSOR else gs
         lmbda = float(lm[i, j, tp]) if L_TENSOR else lms
-        notdone = (0.0 if term[i, j, tp] != 0 else 1.0) if t >= 1 else 1.0
+        notdone = 1.0 - float(term[i, j, tp]) if t >= 1 else 1.0
         return xt, gamma * lmbda * notdone, xt, 0.0, 0.0, 0.0, False
     gamma = float(g[i, j, t]) if G_TENSOR else gs
     lmbda = float(lm[i, j, t]) if L_TENSOR else lms
-    # flags: nonzero means set (as flag.bool(): 2.0, -1 and NaN are set)
-    te = 1.0 if term[i, j, t] != 0 else 0.0
-    done = max(te, 1.0 if trunc[i, j, t] != 0 else 0.0) if HAS_TRUNC else te
+    # flags arrive as 0/1 (the caller reads nonzero as set): no branch in the loop
+    te = float(term[i, j, t])
+    done = max(te, float(trunc[i, j, t])) if HAS_TRUNC else te
     vt = float(v[i, j, t]) if HAS_V else 0.0
     vnext = float(v[i, j, t + 1]) if HAS_V and t + 1 < T else 0.0
     if HAS_NV:

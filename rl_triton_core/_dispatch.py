@@ -213,6 +213,8 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune):
     def a3(t, flag=False):
         if t is None:
             return _dummy(flag, (N1, N2, T))
+        if flag and t.dtype != torch.bool:  # nonzero means set (2.0, -1, NaN): as 0/1 bytes
+            t = t != 0
         return layout.as_numpy3(host(t))
 
     def a2(t):
