@@ -2,7 +2,7 @@
 # One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
 # Logs and tables go to $OUT.
 # usage: bash scripts/gpu_session.sh [multigpu|tests|backward|sweep|lookback|quick|bench|full|
-#        hostcost|compare|all]
+#        hostcost|compare|interleave|rllib|all]
 #        [bench args...]
 # Pass RL_TRITON_COMMIT=<sha> from the development machine: the device's git may be stale.
 # full: the benchmark at every shape, after warming the Triton and inductor caches
@@ -88,6 +88,11 @@ if [[ $what == interleave ]]; then
   for i in $(seq ${ROUNDS:-3}); do
     python scripts/compare_bench.py $res/bench_old_$i.json $res/bench_new_$i.json | tail -2
   done
+fi
+# rllib: RLlib on the GPU (PPO and APPO with a GPU learner, the connector's time); needs the
+# Ray wheels in .whl/ (bash scripts/rllib_gpu.sh prepare, here) carried: carry=[".whl"]
+if [[ $what == rllib ]]; then
+  timeout ${RLLIB_TIMEOUT:-450} bash scripts/rllib_gpu.sh all 2>&1 | tail -30
 fi
 if [[ $what == quick || $what == all ]]; then
   timeout ${QUICK_TIMEOUT:-200} python -m rl_triton_core.bench --no-peers --out "$OUT/kernels" \
