@@ -102,6 +102,8 @@ def _ld_flag(P, K: tl.constexpr, STR, o1, o2, t, m, UNIFORM: tl.constexpr,
     """A flag as 0/1: nonzero means set, as ``flag.bool()`` reads it (2.0, -1 and NaN
     are set), whatever its dtype."""
     x = tl.load(P + _offset(K, STR, o1, o2, t, UNIFORM), mask=m, other=0)
+    if x.dtype.is_fp16() or x.dtype.is_bf16():  # compared in float32: exact, NaN stays set
+        x = x.to(tl.float32)
     if FP64:
         return (x != 0).to(tl.float64)
     else:
