@@ -498,29 +498,58 @@ def _arg(spec, raw, name):
     return raw[spec.args.index(name)]
 
 
+def coef_values(spec: Estimator, args: dict) -> tuple:
+    """The constant coefficients a backward reads, from the call's arguments by name:
+    (gamma, lmbda[, rho_bar, c_bar, pg_rho_bar]); 1 for one the row does not take
+    (discounted returns' lambda, the cumsum's gamma and lambda)."""
+    names = ("gamma", "lmbda", "rho_bar", "c_bar", "pg_rho_bar")[:max(2, len(spec.coefs))]
+    return tuple(args[n] if n in spec.coefs else 1.0 for n in names)
+
+
 def saved_of(spec: Estimator, raw: tuple, td: int, out) -> Saved:
     """The Saved record of a call (``out``: its first output, for the dtype)."""
     shape = tuple(out.shape)
+    args = dict(zip(spec.args, raw))
     if spec.family == "returns":
-        boot = _arg(spec, raw, "bootstrap_value")
-        values = _arg(spec, raw, "values") if "values" in spec.args else None
-        coefs = tuple(_arg(spec, raw, c) for c in spec.coefs)
-        if spec.name == "discounted_returns":
-            coefs = coefs + (1.0,)
-        has = (values is not None, _arg(spec, raw, "next_values") is not None,
+        boot = args["bootstrap_value"]
+        has = (args.get("values") is not None, args["next_values"] is not None,
                boot is not None)
-        return Saved(td, shape, out.dtype, has, coefs, None if boot is None else boot.shape)
+        return Saved(td, shape, out.dtype, has, coef_values(spec, args),
+                     None if boot is None else tuple(boot.shape))
     if spec.family == "forward":
-        init = _arg(spec, raw, "init")
-        coefs = tuple(_arg(spec, raw, c) for c in spec.coefs) or (1.0, 1.0)
-        return Saved(td, shape, out.dtype, (init is not None,), coefs,
+        init = args["init"]
+        return Saved(td, shape, out.dtype, (init is not None,), coef_values(spec, args),
                      None if init is None else tuple(init.shape))
     return Saved(td, shape, out.dtype, (), (), None)
 
 
+def saved_tensors(spec: Estimator, raw: tuple, out) -> list:
+    """The tensors a backward reads: the flags (and V-trace's log-ratios), the forward
+    scans' done, the primitive's beta, init and output ``out``."""
+    args = dict(zip(spec.args, raw))
+    if spec.family == "returns":
+        return [args[n] for n in ("log_rhos", "terminated", "truncated") if n in args]
+    if spec.family == "forward":
+        return [args["done"]]
+    return [args["beta"], args["init"], out]
+
+
+def backward(spec: Estimator, s: Saved, tensors: list, grads, needs, reverse=False):
+    """The gradients of ``spec.grads`` (None for an input not given or, for the forward
+    scans' init and the primitive, not needed: ``needs``, one bool per ``spec.grads``)."""
+    if spec.family == "returns" and "log_rhos" in spec.inputs:
+        return vtrace_backward(s, *tensors, *grads)
+    if spec.family == "returns":
+        res = returns_backward(spec.mode == MODE_GAE, s, tensors[0], tensors[1], grads)
+        return res if "values" in spec.grads else (res[0],) + res[2:]
+    if spec.family == "forward":
+        return forward_scan_backward(s, tensors[0], grads[0], needs[-1])
+    return linrec_backward(s, reverse, *tensors, grads[0], tuple(needs))
+
+
 class _Estimator(torch.autograd.Function):
     """Any differentiable row of the table: the forward through ``_call`` (the cached
-    launch or the full path), the backward through the row's ``*_backward``."""
+    launch or the full path), the backward through :func:`backward`."""
 
     @staticmethod
     def forward(ctx, spec, raw, time_dim, out_arg, *diff):
@@ -528,37 +557,15 @@ class _Estimator(torch.autograd.Function):
         first = out[0] if spec.n_out == 2 else out
         td = normalize_time_dim(time_dim, first.dim())
         ctx.spec, ctx.s = spec, saved_of(spec, raw, td, first)
-        if spec.family == "returns":
-            names = ("log_rhos", "terminated", "truncated") if spec.name == "vtrace" \
-                else ("terminated", "truncated")
-            ctx.save_for_backward(*(_arg(spec, raw, n) for n in names))
-        elif spec.family == "forward":
-            ctx.save_for_backward(_arg(spec, raw, "done"))
-        else:
-            ctx.reverse = _arg(spec, raw, "reverse")
-            ctx.save_for_backward(_arg(spec, raw, "beta"), _arg(spec, raw, "init"), first)
+        ctx.reverse = bool(dict(zip(spec.args, raw)).get("reverse", False))
+        ctx.save_for_backward(*saved_tensors(spec, raw, first))
         return out
 
     @staticmethod
     def backward(ctx, *grads):
-        spec, s = ctx.spec, ctx.s
-        nones = (None,) * 4
-        if spec.name == "vtrace":
-            log_rhos, terminated, truncated = ctx.saved_tensors
-            res = vtrace_backward(s, log_rhos, terminated, truncated, *grads)
-        elif spec.family == "returns":
-            terminated, truncated = ctx.saved_tensors
-            res = returns_backward(spec.mode == MODE_GAE, s, terminated, truncated, grads)
-            if spec.name == "discounted_returns":
-                res = (res[0],) + res[2:]
-        elif spec.family == "forward":
-            (done,) = ctx.saved_tensors
-            res = forward_scan_backward(s, done, grads[0], ctx.needs_input_grad[4 + 1])
-        else:
-            beta, init, h = ctx.saved_tensors
-            res = linrec_backward(s, ctx.reverse, beta, init, h, grads[0],
-                                  ctx.needs_input_grad[4:7])
-        return (*nones, *res)
+        needs = ctx.needs_input_grad[4:]  # after spec, raw, time_dim, out_arg
+        res = backward(ctx.spec, ctx.s, list(ctx.saved_tensors), grads, needs, ctx.reverse)
+        return (None,) * 4 + tuple(res)
 
 
 def apply(spec: Estimator, raw: tuple, time_dim, out_arg=None):

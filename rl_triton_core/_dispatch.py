@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from rl_triton_core import _config
-from rl_triton_core._config import current_tuning
 from rl_triton_core._layout import Layout
 
 _BACKENDS = ("auto", "triton", "cpu")
@@ -135,7 +134,7 @@ def run(mode, layout: Layout, out_dtype, device, ins: dict, coefs: dict, *, reve
         if out is not None:
             out0, out1 = ret
         return (out0, out1) if two_out else out0
-    tune = current_tuning()
+    tune = _config.current_tuning()
     if backend_for(device) == "triton":
         if device.type == "cuda" and device.index != torch.cuda.current_device():
             # Triton launches on the current device: make it the inputs' one

@@ -84,7 +84,8 @@ def _offset_notime(K: tl.constexpr, STR, n1, n2, N2, UNIFORM: tl.constexpr):
     if UNIFORM:
         return n1 * N2 + n2
     else:
-        return n1 * STR[36 + 2 * (K - 12)] + n2 * STR[37 + 2 * (K - 12)]
+        # after three strides for each data slot (K_OUT .. K_PB), two per no-time slot
+        return n1 * STR[3 * K_BOOT + 2 * (K - K_BOOT)] + n2 * STR[3 * K_BOOT + 2 * (K - K_BOOT) + 1]
 
 
 @triton.jit

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from rl_triton_core import _autograd, _call, _validate
-from rl_triton_core._table import MODE_GAE, TABLE, Estimator
+from rl_triton_core._table import TABLE, Estimator
 
 _OPS: dict = {}
 
@@ -107,22 +107,14 @@ def _setup_of(spec: Estimator):
     def setup_context(ctx, inputs, output):
         raw, time_dim = _raw(spec, inputs)
         first = output[0] if spec.n_out == 2 else output
-        td = time_dim % first.dim()
-        ctx.s = _autograd.saved_of(spec, raw, td, first)
-        coef_t = [inputs[len(spec.inputs) + 2 * i + 1] for i in range(len(spec.coefs))]
-        ctx.coef_v = [inputs[len(spec.inputs) + 2 * i] for i in range(len(spec.coefs))]
-        args = dict(zip(spec.args, raw))
-        if spec.family == "returns":
-            names = ("log_rhos", "terminated", "truncated") if spec.name == "vtrace" \
-                else ("terminated", "truncated")
-            tensors = [args[n] for n in names]
-        elif spec.family == "forward":
-            tensors = [args["done"]]
-        else:
-            ctx.reverse = args["reverse"]
-            tensors = [args["beta"], args["init"], first]
+        ctx.s = _autograd.saved_of(spec, raw, time_dim % first.dim(), first)
+        n = len(spec.inputs)
+        coef_t = [inputs[n + 2 * i + 1] for i in range(len(spec.coefs))]
+        ctx.coef_v = [inputs[n + 2 * i] for i in range(len(spec.coefs))]
+        tensors = _autograd.saved_tensors(spec, raw, first)
+        ctx.reverse = bool(dict(zip(spec.args, raw)).get("reverse", False))
         ctx.n_saved = len(tensors)
-        ctx.save_for_backward(*tensors, *coef_t)
+        ctx.save_for_backward(*tensors, *coef_t)  # tensor coefficients: saved, not in ctx.s
         ctx.grad_pos = [spec.inputs.index(n) for n in spec.grads]
         ctx.n_args = len(inputs)
 
@@ -139,7 +131,7 @@ def _backward_of(spec: Estimator):
         res = torch.ops.rl_triton_core.estimator_backward(
             spec.name, tensors, [g for g in grads], coef_v, coef_t, s.td, list(s.shape),
             [bool(h) for h in s.has], None if s.side_shape is None else list(s.side_shape),
-            getattr(ctx, "reverse", False), needs)
+            ctx.reverse, needs)
         out = [None] * ctx.n_args
         it = iter(res)
         for p, need in zip(ctx.grad_pos, needs):
@@ -162,36 +154,19 @@ def _absent(device):
     return torch.empty(0, dtype=_ABSENT_DTYPE, device=device)
 
 
-def _coefs(spec, coef_v, coef_t):
-    out = tuple(t if t is not None else v for v, t in zip(coef_v, coef_t))
-    if spec.name == "discounted_returns":
-        out = out + (1.0,)
-    if spec.family == "forward" and not spec.coefs:
-        out = (1.0, 1.0)
-    return out
-
-
 def _backward_impl(name: str, tensors: list, grads: list, coef_v: list, coef_t: list,
                    td: int, shape: list, has: list, side_shape: list | None, reverse: bool,
                    needs: list) -> list:
+    """The eager backward of row ``name`` (``_autograd.backward``), as a list of tensors
+    (an absent gradient as an empty int8 tensor: an op returns no None)."""
     spec = TABLE[name]
     ref = next(g for g in grads if g is not None)
-    s = _autograd.Saved(td, tuple(shape), ref.dtype, tuple(has), _coefs(spec, coef_v, coef_t),
+    coefs = {c: t if t is not None else v for c, v, t in zip(spec.coefs, coef_v, coef_t)}
+    s = _autograd.Saved(td, tuple(shape), ref.dtype, tuple(has),
+                        _autograd.coef_values(spec, coefs),
                         None if side_shape is None else tuple(side_shape))
-    if name == "vtrace":
-        res = _autograd.vtrace_backward(s, *tensors, *grads)
-    elif spec.family == "returns":
-        res = _autograd.returns_backward(spec.mode == MODE_GAE, s, tensors[0], tensors[1],
-                                         grads)
-        if name == "discounted_returns":
-            res = (res[0],) + res[2:]
-    elif spec.family == "forward":
-        res = _autograd.forward_scan_backward(s, tensors[0], grads[0], needs[-1])
-    else:
-        beta, init, h = tensors
-        res = _autograd.linrec_backward(s, reverse, beta, init, h, grads[0], tuple(needs))
-    device = ref.device
-    return [g.contiguous() if g is not None else _absent(device) for g in res]
+    res = _autograd.backward(spec, s, tensors, grads, needs, reverse)
+    return [g.contiguous() if g is not None else _absent(ref.device) for g in res]
 
 
 def _backward_fake(name, tensors, grads, coef_v, coef_t, td, shape, has, side_shape, reverse,
@@ -219,7 +194,7 @@ def _present_grads(spec, has, needs, tensors):
     """Which of ``spec.grads`` the backward returns (the rest come back absent)."""
     if spec.family == "returns":
         h = dict(zip(("values", "next_values", "bootstrap_value"), has))
-        if spec.name == "vtrace":  # values are always given; next_values or bootstrap
+        if "log_rhos" in spec.inputs:  # V-trace: values are always given
             return [True, True, h["next_values"], h["bootstrap_value"]]
         return [True] + [h[n] for n in spec.grads[1:]]
     if spec.family == "forward":

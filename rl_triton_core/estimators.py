@@ -61,10 +61,10 @@ def _no_grad_out(spec, out, raw):
     if not torch.is_grad_enabled():
         return
     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-    tensors = [raw[spec.args.index(n)] for n in spec.grads]
-    if spec.name == "retrace":  # not differentiable, but out= must not hide a grad input
-        tensors = [raw[spec.args.index(n)] for n in ("rewards", "q_values", "expected_next_q")]
-    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*tensors, *outs)):
+    # the data inputs (not flags, log-ratios or coefficients): also for retrace, which
+    # has no backward, out= must not hide an input that requires grad
+    data = [raw[spec.args.index(n)] for n, slot in spec.slots if slot in _DATA_SLOTS]
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*data, *outs)):
         raise RuntimeError(
             f"{spec.name}(): functions with out=... arguments don't support automatic "
             "differentiation, but one of the arguments requires grad: call it without out= "
@@ -72,6 +72,7 @@ def _no_grad_out(spec, out, raw):
         )
 
 
+_DATA_SLOTS = ("x", "v", "nv", "boot", "init")
 _GAE, _TDL, _DISC = TABLE["gae"], TABLE["lambda_returns"], TABLE["discounted_returns"]
 _VTRACE, _RETRACE = TABLE["vtrace"], TABLE["retrace"]
 _TRACES, _CUMSUM, _LINREC = (TABLE["eligibility_traces"], TABLE["episodic_cumsum"],

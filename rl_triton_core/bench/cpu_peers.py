@@ -1,4 +1,4 @@
-"""CPU-path ratios against the peers a CPU user has (issue: the core's CPU path).
+"""CPU-path ratios against the peers a CPU user has.
 
     python -m rl_triton_core.bench.cpu_peers [--reps 30]
 

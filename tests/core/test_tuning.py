@@ -1,0 +1,62 @@
+"""rl_triton_core.tuning: an immutable Tuning in effect for a block, restored after it,
+part of the cached launch's key; results under any tuning match the float64 reference."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import rl_triton_core as rc
+import rl_triton_core.reference as ref
+
+
+def test_tuning_is_scoped_and_restored():
+    before = rc.current_tuning()
+    with rc.tuning(look_back=False, segment_len=32) as t:
+        assert rc.current_tuning() is t
+        assert t.look_back is False and t.segment_len == 32
+        assert t.programs_per_sm == before.programs_per_sm  # the rest unchanged
+    assert rc.current_tuning() is before
+    with pytest.raises(RuntimeError), rc.tuning(cpu_threads=1):
+        raise RuntimeError  # restored on an exception too
+    assert rc.current_tuning() is before
+
+
+def test_tuning_is_immutable_and_checked():
+    t = rc.current_tuning()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.look_back = True
+    with pytest.raises(TypeError):
+        with rc.tuning(no_such_knob=1):
+            pass
+    assert hash(rc.Tuning()) == hash(rc.Tuning()) and rc.Tuning() == rc.Tuning()
+    assert rc.Tuning().replace(look_back=True) != rc.Tuning(look_back=False)
+
+
+@pytest.mark.parametrize("knobs", [{"cpu_threads": 1}, {"segment_len": 16, "look_back": False},
+                                   {"segment_len": 16, "look_back": True},
+                                   {"cached_launch": False}])
+def test_results_under_a_tuning_match_the_reference(knobs, impl, gen):
+    shape = (3, 70)
+    r, v = (torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(2))
+    te = torch.rand(shape, generator=gen) < 0.1
+    b = torch.randn(shape[0], generator=gen, dtype=torch.float64)
+    want = ref.gae(r, v, te, bootstrap_value=b, gamma=0.97, lmbda=0.9, time_dim=-1)
+    dev = impl.device
+    with rc.tuning(**knobs):
+        got = rc.gae(r.to(dev), v.to(dev), te.to(dev), bootstrap_value=b.to(dev), gamma=0.97,
+                     lmbda=0.9, time_dim=-1)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-10, atol=1e-10)
+
+
+def test_tuning_is_part_of_the_cache_key(gen, captured_launches):
+    """A plan recorded under one tuning is not replayed under another."""
+    r, v = torch.randn(3, 40, generator=gen), torch.randn(3, 40, generator=gen)
+    te = torch.rand(3, 40, generator=gen) < 0.1
+    rc.gae(r, v, te, time_dim=-1)
+    rc.gae(r, v, te, time_dim=-1)
+    assert len(captured_launches.full) == 1 and len(captured_launches.replayed) == 1
+    with rc.tuning(segment_len=16):
+        rc.gae(r, v, te, time_dim=-1)
+    assert len(captured_launches.full) == 2 and len(captured_launches.replayed) == 1
