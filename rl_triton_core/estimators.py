@@ -80,7 +80,7 @@ _TRACES, _CUMSUM, _LINREC = (TABLE["eligibility_traces"], TABLE["episodic_cumsum
 
 
 def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootstrap_value=None,
-        gamma=0.99, lmbda=0.95, time_dim=-1, out=None):
+        gamma=0.99, lmbda=0.95, time_dim, out=None):
     r"""Generalized Advantage Estimation (Schulman et al. 2015, arXiv:1506.02438).
 
     .. math::
@@ -98,7 +98,8 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
         bootstrap_value: optional, the shape without the time axis: V'_{T-1} when
             ``next_values`` is omitted (then V'_t = V_{t+1} for t < T-1).
         gamma, lmbda: floats in [0, 1] or tensors broadcastable to rewards (per step).
-        time_dim: the time axis.
+        time_dim: the time axis, a required keyword (no default): ``-1`` for batch-major
+            ``[B, T]`` data, ``0`` for time-major ``[T, B]``; omitting it is a TypeError.
         out: optional ``(advantages, value_targets)`` tensors to write into (saves the
             allocation in a hot loop): rewards' shape and device, any floating dtype
             (e.g. float32 outputs for bf16 data: the scan accumulates in float32 and
@@ -116,7 +117,7 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
         >>> from rl_triton_core import gae
         >>> r = torch.tensor([1.0, 1.0, 1.0]); v = torch.tensor([0.5, 0.5, 0.5])
         >>> term = torch.tensor([False, False, True])
-        >>> adv, target = gae(r, v, term, gamma=0.5, lmbda=1.0)
+        >>> adv, target = gae(r, v, term, gamma=0.5, lmbda=1.0, time_dim=-1)
         >>> target  # Monte-Carlo returns 1 + 0.5 * (1 + 0.5 * 1)
         tensor([1.7500, 1.5000, 1.0000])
     """
@@ -125,7 +126,7 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
 
 
 def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=None,
-                   bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim=-1, out=None):
+                   bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim, out=None):
     r"""TD(lambda) returns (Sutton & Barto 2018, ch. 12; Peng & Williams 1996).
 
     .. math::
@@ -151,7 +152,8 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
         >>> import torch
         >>> from rl_triton_core import lambda_returns
         >>> r = torch.ones(3); v = torch.zeros(3); term = torch.zeros(3, dtype=torch.bool)
-        >>> lambda_returns(r, v, term, bootstrap_value=torch.tensor(2.0), gamma=0.5, lmbda=1.0)
+        >>> lambda_returns(r, v, term, bootstrap_value=torch.tensor(2.0), gamma=0.5, lmbda=1.0,
+        ...                time_dim=-1)
         tensor([2., 2., 2.])
     """
     return _front(_TDL, (rewards, values, terminated, truncated, next_values, bootstrap_value,
@@ -159,7 +161,7 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
 
 
 def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
-                       bootstrap_value=None, gamma=0.99, time_dim=-1, out=None):
+                       bootstrap_value=None, gamma=0.99, time_dim, out=None):
     r"""Discounted (Monte-Carlo) returns: :func:`lambda_returns` with lambda = 1.
 
     .. math::
@@ -182,7 +184,7 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
         >>> import torch
         >>> from rl_triton_core import discounted_returns
         >>> r = torch.ones(4); term = torch.tensor([0, 1, 0, 0], dtype=torch.bool)
-        >>> discounted_returns(r, term, gamma=0.5)
+        >>> discounted_returns(r, term, gamma=0.5, time_dim=-1)
         tensor([1.5000, 1.0000, 1.5000, 1.0000])
     """
     return _front(_DISC, (rewards, terminated, truncated, next_values, bootstrap_value, gamma),
@@ -191,7 +193,7 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
 
 def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values=None,
            bootstrap_value=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0, pg_rho_bar=1.0,
-           time_dim=-1, out=None):
+           time_dim, out=None):
     r"""V-trace targets and policy-gradient advantages (Espeholt et al. 2018, IMPALA,
     arXiv:1802.01561), with a lambda factor on the trace.
 
@@ -225,8 +227,8 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
         >>> import torch
         >>> from rl_triton_core import vtrace
         >>> r = torch.ones(3); v = torch.zeros(3); term = torch.tensor([False, False, True])
-        >>> vs, adv = vtrace(torch.zeros(3), r, v, term, gamma=0.5)  # on-policy: MC returns
-        >>> vs
+        >>> vs, adv = vtrace(torch.zeros(3), r, v, term, gamma=0.5, time_dim=-1)  # on-policy
+        >>> vs  # the Monte-Carlo returns
         tensor([1.7500, 1.5000, 1.0000])
     """
     return _front(_VTRACE, (log_rhos, rewards, values, terminated, truncated, next_values,
@@ -235,7 +237,7 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
 
 
 def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=None, *,
-            gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1, out=None):
+            gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim, out=None):
     r"""Retrace(lambda) Q targets (Munos et al. 2016, arXiv:1606.02647).
 
     .. math::
@@ -263,7 +265,7 @@ def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=
         >>> import torch
         >>> from rl_triton_core import retrace
         >>> q = torch.zeros(3); e = torch.zeros(3); term = torch.tensor([False, False, True])
-        >>> retrace(torch.zeros(3), torch.ones(3), q, e, term, gamma=0.5)
+        >>> retrace(torch.zeros(3), torch.ones(3), q, e, term, gamma=0.5, time_dim=-1)
         tensor([1.7500, 1.5000, 1.0000])
     """
     return _front(_RETRACE, (log_rhos, rewards, q_values, expected_next_q, terminated,
@@ -274,7 +276,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
                          terminated, truncated=None, *, next_q_values=None,
                          next_target_probs=None, bootstrap_q_values=None,
                          bootstrap_target_probs=None, gamma=0.99, lmbda=1.0, c_bar=1.0,
-                         time_dim=-1, out=None):
+                         time_dim, out=None):
     r"""Retrace(lambda) from per-action tensors: the convenience form of :func:`retrace`.
 
     Builds, with torch ops outside the scan (so any number of actions A runs at
@@ -306,7 +308,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         >>> from rl_triton_core import retrace_from_actions
         >>> q = torch.zeros(3, 2); p = torch.full((3, 2), 0.5); a = torch.tensor([0, 1, 0])
         >>> logmu = torch.full((3,), 0.5).log(); term = torch.tensor([False, False, True])
-        >>> retrace_from_actions(q, p, a, logmu, torch.ones(3), term, gamma=0.5)
+        >>> retrace_from_actions(q, p, a, logmu, torch.ones(3), term, gamma=0.5, time_dim=-1)
         tensor([1.7500, 1.5000, 1.0000])
     """
     q_values = check.tensor("q_values", q_values)
@@ -358,7 +360,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
                    gamma=gamma, lmbda=lmbda, c_bar=c_bar, time_dim=time_dim, out=out)
 
 
-def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-1, out=None):
+def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim, out=None):
     r"""Accumulating eligibility traces (Sutton & Barto 2018, sec. 12.2), forward in time.
 
     .. math::
@@ -374,7 +376,7 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-
         done: x's shape without the trailing feature axes: the episode ended after step t.
         gamma, lmbda: floats in [0, 1] or tensors broadcastable to ``done``.
         init: optional z_{-1}, x's shape without the time axis.
-        time_dim: the time axis, indexing ``x``.
+        time_dim: the time axis, indexing ``x`` (required, as in :func:`gae`).
         out: optional tensor of x's shape to write z into (returned as is): as
             :func:`gae`'s ``out``, one tensor.
 
@@ -383,13 +385,13 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-
         >>> import torch
         >>> from rl_triton_core import eligibility_traces
         >>> x = torch.ones(4); done = torch.tensor([False, True, False, False])
-        >>> eligibility_traces(x, done, gamma=1.0, lmbda=0.5)
+        >>> eligibility_traces(x, done, gamma=1.0, lmbda=0.5, time_dim=-1)
         tensor([1.0000, 1.5000, 1.0000, 1.5000])
     """
     return _front(_TRACES, (x, done, init, gamma, lmbda), time_dim, out)
 
 
-def episodic_cumsum(x, done, *, init=None, time_dim=-1, out=None):
+def episodic_cumsum(x, done, *, init=None, time_dim, out=None):
     r"""Running sum within episodes (episode return or length so far), forward in time.
 
     .. math::
@@ -405,13 +407,13 @@ def episodic_cumsum(x, done, *, init=None, time_dim=-1, out=None):
 
         >>> import torch
         >>> from rl_triton_core import episodic_cumsum
-        >>> episodic_cumsum(torch.ones(5), torch.tensor([0, 0, 1, 0, 0]))
+        >>> episodic_cumsum(torch.ones(5), torch.tensor([0, 0, 1, 0, 0]), time_dim=-1)
         tensor([1., 2., 3., 1., 2.])
     """
     return _front(_CUMSUM, (x, done, init), time_dim, out)
 
 
-def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1, out=None):
+def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim, out=None):
     r"""The primitive: a first-order linear recurrence along ``time_dim``.
 
     .. math::
@@ -429,7 +431,7 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1, out=
         beta: broadcastable to alpha.
         reverse: True for the backward-in-time recurrence, False for the forward one.
         init: optional h_T (reverse) or h_{-1} (forward), alpha's shape without time.
-        time_dim: the time axis.
+        time_dim: the time axis (required, as in :func:`gae`).
         out: optional tensor of alpha's shape to write h into (returned as is): as
             :func:`gae`'s ``out``, one tensor.
 
@@ -437,7 +439,7 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1, out=
 
         >>> import torch
         >>> from rl_triton_core import linear_recurrence
-        >>> linear_recurrence(torch.ones(3), torch.full((3,), 0.5))
+        >>> linear_recurrence(torch.ones(3), torch.full((3,), 0.5), time_dim=-1)
         tensor([1.7500, 1.5000, 1.0000])
     """
     return _front(_LINREC, (alpha, beta, init, reverse), time_dim, out)

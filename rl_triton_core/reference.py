@@ -136,7 +136,7 @@ def _backward_inputs(rewards, values, terminated, truncated, next_values, bootst
 
 
 def gae(rewards, values, terminated, truncated=None, *, next_values=None,
-        bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim=-1):
+        bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim):
     """Generalised advantage estimation (Schulman et al. 2015).
 
         delta_t = r_t + gamma_t (1 - terminated_t) V'_t - V_t
@@ -157,7 +157,7 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None,
 
 
 def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=None,
-                   bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim=-1):
+                   bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim):
     """TD(lambda) returns.
 
         G_t = r_t + gamma_t (1 - terminated_t) [(1 - lmbda_t c_t) V'_t + lmbda_t c_t G_{t+1}]
@@ -178,7 +178,7 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
 
 
 def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
-                       bootstrap_value=None, gamma=0.99, time_dim=-1):
+                       bootstrap_value=None, gamma=0.99, time_dim):
     """Discounted returns: TD(lambda) returns with lmbda = 1.
 
         G_t = r_t + gamma_t (1 - terminated_t) [truncated_t V'_t + (1 - done_t) G_{t+1}]
@@ -204,7 +204,7 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
 
 def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values=None,
            bootstrap_value=None, gamma=0.99, lmbda=1.0, rho_bar=1.0, c_bar=1.0,
-           pg_rho_bar=1.0, time_dim=-1):
+           pg_rho_bar=1.0, time_dim):
     """V-trace (Espeholt et al. 2018).
 
         rho_t    = min(rho_bar, exp(log_rho_t)),   c_t = lmbda min(c_bar, exp(log_rho_t))
@@ -249,7 +249,7 @@ def expected_next_q_from_actions(next_target_probs, next_q_values):
 
 
 def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=None, *,
-            gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim=-1):
+            gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim):
     """Retrace(lambda) (Munos et al. 2016).
 
         c_t     = lmbda_t min(c_bar_t, exp(log_rho_t))
@@ -318,7 +318,7 @@ def _init(init, x_tf):
     return init.to(F64)
 
 
-def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-1):
+def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim):
     """Accumulating eligibility traces (forward).
 
         z_t = x_t + gamma_{t-1} lmbda_{t-1} (1 - done_{t-1}) z_{t-1},   z_{-1} = init (0)
@@ -342,7 +342,7 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim=-
     return _out(out, pos)
 
 
-def episodic_cumsum(x, done, *, init=None, time_dim=-1):
+def episodic_cumsum(x, done, *, init=None, time_dim):
     """Episodic prefix sum (forward): running episode return or length.
 
         C_t = x_t + (1 - done_{t-1}) C_{t-1},   C_{-1} = init (0),  done_{-1} = 0
@@ -357,7 +357,7 @@ def episodic_cumsum(x, done, *, init=None, time_dim=-1):
     return _out(out, pos)
 
 
-def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim=-1):
+def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim):
     """The one primitive: a first-order linear recurrence along ``time_dim``.
 
         reverse=True:   h_t = alpha_t + beta_t h_{t+1},   h_T    = init (0)
