@@ -31,6 +31,8 @@ from rl_triton_core.estimators import (
     retrace_from_actions,
     vtrace,
 )
+from rl_triton_core.groups import group_advantages
+from rl_triton_core.tokens import masked_gae, masked_returns, masked_whiten
 
 __all__ = [
     "gae",
@@ -42,6 +44,10 @@ __all__ = [
     "vtrace",
     "retrace",
     "retrace_from_actions",
+    "group_advantages",
+    "masked_gae",
+    "masked_returns",
+    "masked_whiten",
     "backend_for",
     "describe",
     "Tuning",

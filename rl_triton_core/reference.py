@@ -23,6 +23,9 @@ from __future__ import annotations
 import torch
 
 __all__ = [
+    "masked_gae",
+    "masked_returns",
+    "masked_whiten",
     "gae",
     "lambda_returns",
     "discounted_returns",
@@ -375,3 +378,109 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim):
         h = a[t] + b[t] * h
         out[t] = h
     return _out(out, pos)
+
+
+# --- token level (LLM post-training): the frameworks' own loops, in float64 ---------
+
+
+def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_eps=0.0,
+                  fill=None):
+    """verl's ``masked_whiten`` (``count_eps=1e-8``) and TRL's (``count_eps=0``)."""
+    x = x.to(F64)
+    m = (mask != 0).to(F64)
+    n = m.sum()
+    mean = torch.where(m.bool(), x, 0.0).mul(m).sum() / (n + count_eps)
+    c = x - mean
+    var = torch.where(m.bool(), c * c, 0.0).mul(m).sum() / (n + count_eps)
+    if unbiased:
+        var = var * (n / (n - 1))
+    y = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        y = y + mean
+    if fill is not None:
+        y = torch.where(m.bool(), y, torch.full_like(y, fill))
+    return y
+
+
+def masked_gae(rewards, values, mask, *, gamma=1.0, lmbda=1.0, skip=True, whiten=False,
+               count_eps=0.0, eps=1e-8, unbiased=True, fill=None, time_dim=-1):
+    """skip=True: verl's ``compute_gae_advantage_return`` loop; skip=False: OpenRLHF's
+    ``get_advantages_and_returns`` loop. [B, T] data, time_dim -1."""
+    r = rewards.to(F64)
+    v = values.to(F64)
+    m = (mask != 0).to(F64)
+    if time_dim in (0, -2) and r.dim() == 2:
+        r, v, m = r.t(), v.t(), m.t()
+    if not skip:
+        v, r = m * v, m * r
+    T = r.shape[-1]
+    nextvalues = torch.zeros_like(r[..., 0])
+    lastgaelam = torch.zeros_like(r[..., 0])
+    adv = torch.zeros_like(r)
+    for t in reversed(range(T)):
+        if skip:
+            delta = r[..., t] + gamma * nextvalues - v[..., t]
+            new = delta + gamma * lmbda * lastgaelam
+            nextvalues = v[..., t] * m[..., t] + (1 - m[..., t]) * nextvalues
+            lastgaelam = new * m[..., t] + (1 - m[..., t]) * lastgaelam
+        else:
+            nv = v[..., t + 1] if t < T - 1 else 0.0
+            delta = r[..., t] + gamma * nv - v[..., t]
+            lastgaelam = delta + gamma * lmbda * lastgaelam
+        adv[..., t] = lastgaelam
+    ret = adv + v
+    if whiten:
+        adv = masked_whiten(adv, m, unbiased=unbiased, eps=eps, count_eps=count_eps, fill=fill)
+    elif fill is not None:
+        adv = torch.where(m.bool(), adv, torch.full_like(adv, fill))
+    if time_dim in (0, -2) and r.dim() == 2:
+        adv, ret = adv.t(), ret.t()
+    return adv, ret
+
+
+def masked_returns(rewards, mask, *, gamma=1.0, skip=True, time_dim=-1):
+    """skip=True: verl's REINFORCE++ return loop; skip=False: OpenRLHF's
+    ``get_cumulative_returns``. [B, T] data, time_dim -1."""
+    r = rewards.to(F64)
+    m = (mask != 0).to(F64)
+    if time_dim in (0, -2) and r.dim() == 2:
+        r, m = r.t(), m.t()
+    if not skip:
+        r = m * r
+    out = torch.zeros_like(r)
+    running = torch.zeros_like(r[..., 0])
+    for t in reversed(range(r.shape[-1])):
+        new = r[..., t] + gamma * running
+        if skip:
+            out[..., t] = new * m[..., t]
+            running = new * m[..., t] + running * (1 - m[..., t])
+        else:
+            running = new
+            out[..., t] = new
+    return out.t() if time_dim in (0, -2) and r.dim() == 2 else out
+
+
+def group_advantages(scores, group, *, method="grpo", eps=1e-6):
+    """verl 0.9.1's GRPO / Dr. GRPO / RLOO outcome advantages, one group at a time in
+    float64 (a Python loop over the groups, torch.std for the spread). [B] scores, [B]
+    group ids (any hashable values), float64 [B] out."""
+    s = torch.as_tensor(scores).to(F64).reshape(-1)
+    ids = [int(x) for x in torch.as_tensor(group).reshape(-1).tolist()]
+    members = {}
+    for i, g in enumerate(ids):
+        members.setdefault(g, []).append(i)
+    out = torch.empty_like(s)
+    for idx in members.values():
+        x = s[idx]
+        n = len(idx)
+        if n == 1:
+            out[idx] = x / (1.0 + eps) if method == "grpo" else x
+        elif method == "grpo":
+            out[idx] = (x - x.mean()) / (x.std() + eps)
+        elif method == "grpo_mean":
+            out[idx] = x - x.mean()
+        elif method == "rloo":
+            out[idx] = x * n / (n - 1) - x.mean() * n / (n - 1)
+        else:
+            raise ValueError(f"unknown method {method!r}")
+    return out

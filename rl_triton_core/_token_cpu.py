@@ -1,0 +1,130 @@
+"""The CPU path of the token-level estimators, compiled by numba.
+
+The same recurrences as :mod:`rl_triton_core._token_kernel`, one response per
+iteration of a parallel loop, in float64. Inputs are numpy views ``[R, P]`` (strided,
+no copy): a right-padded batch is ``R`` rows of ``P = T`` tokens; a packed stream is
+one row whose responses start at ``starts[i]`` and run ``lens[i]`` tokens.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from rl_triton_core._cpu import _CACHE
+
+GAE_SKIP, GAE_MUL, RET_SKIP, RET_MUL = 0, 1, 2, 3
+
+
+@numba.njit(parallel=True, nogil=True, cache=_CACHE)
+def scan(mode, r, v, m, rows, starts, lens, g, gl, out0, out1, stats):
+    """Scan every response; ``stats[i]`` = (count, mean, M2) of its valid outputs."""
+    for i in numba.prange(rows.shape[0]):
+        row = rows[i]
+        s = starts[i]
+        carry = 0.0
+        nv = 0.0
+        cnt = 0.0
+        mean = 0.0
+        m2 = 0.0
+        for k in range(lens[i] - 1, -1, -1):
+            p = s + k
+            ok = m[row, p] != 0
+            rt = float(r[row, p]) if ok else 0.0
+            if mode == GAE_SKIP:
+                vt = float(v[row, p])
+                if ok:
+                    carry = rt + g * nv - vt + gl * carry
+                    nv = vt
+                out0[row, p] = carry
+                out1[row, p] = carry + vt
+            elif mode == GAE_MUL:
+                vt = float(v[row, p]) if ok else 0.0
+                carry = rt + g * nv - vt + gl * carry
+                nv = vt
+                out0[row, p] = carry
+                out1[row, p] = carry + vt
+            elif mode == RET_SKIP:
+                if ok:
+                    carry = rt + g * carry
+                out0[row, p] = carry if ok else 0.0
+            else:
+                carry = rt + g * carry
+                out0[row, p] = carry
+            if ok:  # Welford's update of the row's statistics
+                cnt += 1.0
+                d = carry - mean
+                mean += d / cnt
+                m2 += d * (carry - mean)
+        stats[i, 0] = cnt
+        stats[i, 1] = mean
+        stats[i, 2] = m2
+
+
+@numba.njit(parallel=True, nogil=True, cache=_CACHE)
+def row_stats(x, m, rows, starts, lens, stats):
+    """(count, mean, M2) of the valid entries of every response."""
+    for i in numba.prange(rows.shape[0]):
+        row = rows[i]
+        cnt = 0.0
+        mean = 0.0
+        m2 = 0.0
+        for k in range(lens[i]):
+            p = starts[i] + k
+            if m[row, p] != 0:
+                xt = float(x[row, p])
+                cnt += 1.0
+                d = xt - mean
+                mean += d / cnt
+                m2 += d * (xt - mean)
+        stats[i, 0] = cnt
+        stats[i, 1] = mean
+        stats[i, 2] = m2
+
+
+@numba.njit(nogil=True, cache=_CACHE, error_model="numpy")
+def finish(stats, count_eps, eps, unbiased):
+    """The whitening's (mean, 1/std) from the rows' statistics, combined in order:
+    mean = S / (n + count_eps), var = sum (x - mean)^2 / (n + count_eps) [* n / (n - 1)]."""
+    cnt = 0.0
+    mean = 0.0
+    m2 = 0.0
+    for i in range(stats.shape[0]):
+        nb = stats[i, 0]
+        if nb == 0.0:
+            continue
+        n = cnt + nb
+        d = stats[i, 1] - mean
+        mean += d * nb / n
+        m2 += stats[i, 2] + d * d * cnt * nb / n
+        cnt = n
+    mu = mean * cnt / (cnt + count_eps)
+    d = mean - mu
+    var = (m2 + cnt * d * d) / (cnt + count_eps)
+    if unbiased:
+        var = var * (cnt / (cnt - 1.0))  # IEEE: one valid token gives inf or NaN, no raise
+    return mu, 1.0 / np.sqrt(var + eps)
+
+
+@numba.njit(parallel=True, nogil=True, cache=_CACHE)
+def whiten(x, m, rows, starts, lens, mu, rstd, shift, has_fill, fill, out):
+    for i in numba.prange(rows.shape[0]):
+        row = rows[i]
+        for k in range(lens[i]):
+            p = starts[i] + k
+            y = (float(x[row, p]) - mu) * rstd
+            if not shift:
+                y += mu
+            if has_fill and m[row, p] == 0:
+                y = fill
+            out[row, p] = y
+
+
+def layout(n_rows, n_tokens, cu_seqlens):
+    """(rows, starts, lens) int64 arrays: padded [n_rows, n_tokens] or packed (one row)."""
+    if cu_seqlens is None:
+        return (np.arange(n_rows, dtype=np.int64), np.zeros(n_rows, dtype=np.int64),
+                np.full(n_rows, n_tokens, dtype=np.int64))
+    cu = cu_seqlens.astype(np.int64)
+    k = cu.shape[0] - 1
+    return np.zeros(k, dtype=np.int64), cu[:-1].copy(), np.diff(cu)

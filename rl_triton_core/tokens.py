@@ -1,0 +1,275 @@
+"""Token-level advantages for LLM post-training (verl, OpenRLHF, TRL).
+
+Data is right-padded ``[batch, response_len]`` (``time_dim=-1``) or packed: one 1-D
+stream of every response back to back, ``cu_seqlens`` (``[n + 1]`` offsets, as
+flash-attention packs sequences) marking where each starts. ``mask`` is nonzero on
+the tokens the policy generated and zero on prompt, padding and multi-turn
+observation (tool output) tokens. Rewards and values may have any float dtype
+(bfloat16 included, each its own); arithmetic is float32 (float64 for float64 data);
+outputs have the promoted dtype of rewards and values. Nothing here synchronises the
+host: an empty mask under whitening gives NaN where verl raises.
+
+CUDA tensors run the Triton kernels of :mod:`rl_triton_core._token_kernel`; CPU
+tensors the numba loops of :mod:`rl_triton_core._token_cpu`
+(``RL_TRITON_CORE_BACKEND`` chooses as for every estimator).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from rl_triton_core import _validate
+from rl_triton_core._dispatch import backend_for
+
+__all__ = ["masked_gae", "masked_returns", "masked_whiten"]
+
+_GAE_SKIP, _GAE_MUL, _RET_SKIP, _RET_MUL, _STATS = 0, 1, 2, 3, 4
+
+
+def masked_gae(rewards, values, mask, *, gamma=1.0, lmbda=1.0, skip=True, whiten=False,
+               count_eps=0.0, eps=1e-8, unbiased=True, fill=None, cu_seqlens=None, time_dim):
+    """Token-level GAE with a response mask; optionally whitened over the valid tokens.
+
+    ``skip=True`` is verl's ``compute_gae_advantage_return``: masked tokens change
+    nothing, the advantage and the next value are carried across them::
+
+        nv_t    = mask_t V_t + (1 - mask_t) nv_{t+1},                nv_T = 0
+        delta_t = r_t + gamma nv_{t+1} - V_t
+        A_t     = mask_t (delta_t + gamma lambda A_{t+1}) + (1 - mask_t) A_{t+1}
+
+    ``skip=False`` is OpenRLHF's ``get_advantages_and_returns``: rewards and values
+    are multiplied by the mask, then plain GAE (Schulman et al. 2015) without done
+    flags, the last token's next value 0. ``returns = A + V`` (``A + mask V`` for
+    ``skip=False``), before any whitening.
+
+    ``whiten=True`` whitens the advantages over the valid tokens of the whole batch,
+    as :func:`masked_whiten` does with the same ``count_eps``, ``eps`` and
+    ``unbiased``, fused into the scan (verl: ``count_eps=1e-8``). ``fill`` (a number)
+    is written at masked tokens of the advantages, after whitening (TRL: 0).
+
+    Args:
+        rewards, values: ``[B, T]`` (or ``[T]``) or packed ``[total]``, any float dtype.
+        mask: same shape, bool/int/float; nonzero marks a valid token.
+        gamma, lmbda: numbers in [0, 1].
+        cu_seqlens: int ``[n + 1]`` offsets into packed 1-D data, on its device.
+        time_dim: the token axis (-1 for the frameworks' ``[batch, response_len]``).
+
+    Returns:
+        ``(advantages, returns)``, new tensors of the data's shape.
+
+    Example:
+        >>> import torch, rl_triton_core as rc
+        >>> r = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+        >>> v = torch.tensor([[0.5, 0.6, 0.7, 0.0]])
+        >>> mask = torch.tensor([[1, 0, 1, 0]])
+        >>> adv, ret = rc.masked_gae(r, v, mask, gamma=1.0, lmbda=1.0, time_dim=-1)
+        >>> adv
+        tensor([[0.5000, 0.3000, 0.3000, 0.0000]])
+    """
+    mode = _GAE_SKIP if _validate.flag("skip", skip) else _GAE_MUL
+    return _scan("masked_gae", mode, rewards, values, mask, gamma, lmbda, cu_seqlens, time_dim,
+                 _whitening(whiten, count_eps, eps, unbiased, True, fill))
+
+
+def masked_returns(rewards, mask, *, gamma=1.0, skip=True, cu_seqlens=None, time_dim):
+    """Token-level discounted returns with a response mask.
+
+    ``skip=True`` is verl's REINFORCE++ (``compute_reinforce_plus_plus_outcome_advantage``,
+    before its whitening): the return runs over valid tokens only and is 0 on masked
+    ones, ``R_t = r_t + gamma R_{next valid token}``. ``skip=False`` is OpenRLHF's
+    ``get_cumulative_returns``: ``R_t = mask_t r_t + gamma R_{t+1}``, ``R_T = 0``.
+
+    Shapes and arguments as :func:`masked_gae`.
+
+    Example:
+        >>> import torch, rl_triton_core as rc
+        >>> r = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+        >>> mask = torch.tensor([[1, 0, 1, 0]])
+        >>> rc.masked_returns(r, mask, gamma=0.5, time_dim=-1)
+        tensor([[0.5000, 0.0000, 1.0000, 0.0000]])
+    """
+    mode = _RET_SKIP if _validate.flag("skip", skip) else _RET_MUL
+    return _scan("masked_returns", mode, rewards, None, mask, gamma, 1.0, cu_seqlens, time_dim,
+                 None)[0]
+
+
+def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_eps=0.0,
+                  fill=None):
+    """Whiten ``x`` with the mean and variance of its valid entries (all of them, every row)::
+
+        n = sum(mask),  mean = sum(mask x) / (n + count_eps)
+        var = sum(mask (x - mean)^2) / (n + count_eps) * (n / (n - 1) if unbiased)
+        y = (x - mean) / sqrt(var + eps)    (+ mean if not shift_mean)
+
+    at every entry, masked ones too, unless ``fill`` (a number) is given: then masked
+    entries are ``fill``. verl's ``masked_whiten`` is ``count_eps=1e-8``, TRL's
+    ``count_eps=0``. One valid entry gives inf or NaN (verl and TRL raise; that would
+    synchronise the host).
+
+    Args:
+        x: ``[B, T]``, ``[T]`` (or any shape that views as rows), any float dtype.
+        mask: same shape, bool/int/float; nonzero marks a valid entry.
+
+    Returns:
+        a new tensor like ``x``.
+
+    Example:
+        >>> import torch, rl_triton_core as rc
+        >>> x = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+        >>> rc.masked_whiten(x, torch.tensor([[1, 1, 1, 0]]), fill=0.0)
+        tensor([[-1.0000,  0.0000,  1.0000,  0.0000]])
+    """
+    x = _validate.tensor("x", x)
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a float tensor, got dtype {x.dtype}")
+    mask = _validate.tensor("mask", mask, flag=True)
+    _validate.same_shape("mask", mask, "x", x.shape)
+    device = _validate.same_device([("x", x), ("mask", mask)])
+    how = _whitening(True, count_eps, eps, unbiased, _validate.flag("shift_mean", shift_mean),
+                     fill)
+    x2, m2 = _rows(x), _rows(mask)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=device)
+    if x.numel():
+        _run(_STATS, x2, None, m2, None, 0.0, 0.0, out, None, how, whiten_src=x2)
+    return out.reshape(x.shape)
+
+
+def _whitening(whiten, count_eps, eps, unbiased, shift, fill):
+    """The whitening options, checked: None, or (count_eps, eps, unbiased, shift, fill)."""
+    if not _validate.flag("whiten", whiten):
+        if fill is not None:
+            _number("fill", fill)
+        return None if fill is None else (None, None, None, True, float(fill))
+    for name, value in (("count_eps", count_eps), ("eps", eps)):
+        _number(name, value)
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    if fill is not None:
+        _number("fill", fill)
+    return (float(count_eps), float(eps), _validate.flag("unbiased", unbiased), shift,
+            None if fill is None else float(fill))
+
+
+def _number(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+
+
+def _rows(t):
+    """A view ``[R, P]`` of ``t`` with its last axis as tokens (no copy where strides allow)."""
+    if t.dim() == 0:
+        return t.reshape(1, 1)
+    if t.dim() == 1:
+        return t.unsqueeze(0)
+    return t.reshape(-1, t.shape[-1])
+
+
+def _scan(name, mode, rewards, values, mask, gamma, lmbda, cu_seqlens, time_dim, how):
+    rewards = _validate.tensor("rewards", rewards)
+    named = [("rewards", rewards)]
+    if values is not None:
+        values = _validate.tensor("values", values)
+        named.append(("values", values))
+    for n, t in named:
+        if not t.is_floating_point():
+            raise TypeError(f"{n} must be a float tensor, got dtype {t.dtype}")
+    mask = _validate.tensor("mask", mask, flag=True)
+    for n, t in named[1:] + [("mask", mask)]:
+        _validate.same_shape(n, t, "rewards", rewards.shape)
+    device = _validate.same_device(named + [("mask", mask), ("cu_seqlens", cu_seqlens)])
+    g, _ = _validate.coefficient("gamma", gamma, ())
+    lm, _ = _validate.coefficient("lmbda", lmbda, ())
+    if g is None or lm is None:
+        raise TypeError("gamma and lmbda must be numbers (a CUDA tensor would need a host sync)")
+    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
+        raise TypeError(f"time_dim must be an int, got {type(time_dim).__name__}")
+    nd = rewards.dim()
+    if nd not in (1, 2):
+        raise ValueError(f"{name} takes [batch, response_len] or 1-D data, got rewards of "
+                         f"shape {tuple(rewards.shape)}")
+    if not -nd <= time_dim < nd:
+        raise ValueError(f"time_dim={time_dim} is out of range for {nd}-D rewards")
+    if cu_seqlens is not None:
+        cu_seqlens = _validate.tensor("cu_seqlens", cu_seqlens)
+        if nd != 1:
+            raise ValueError("cu_seqlens takes packed 1-D data [total_tokens], got rewards of "
+                             f"shape {tuple(rewards.shape)}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.is_floating_point() \
+                or cu_seqlens.dtype == torch.bool:
+            raise ValueError("cu_seqlens must be 1-D integer offsets [n + 1], got "
+                             f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}")
+    tm = time_dim % nd
+    if nd == 2 and tm == 0:  # [T, B]: the token axis last, as a view
+        rewards, mask = rewards.t(), mask.t()
+        values = None if values is None else values.t()
+    r2, m2 = _rows(rewards), _rows(mask)
+    v2 = None if values is None else _rows(values)
+    dtype = rewards.dtype if values is None else torch.promote_types(rewards.dtype, values.dtype)
+    a = torch.empty(r2.shape, dtype=dtype, device=device)
+    b = torch.empty(r2.shape, dtype=dtype, device=device) if mode in (_GAE_SKIP, _GAE_MUL) \
+        else None
+    if r2.numel() and (cu_seqlens is None or cu_seqlens.numel() > 1):
+        _run(mode, r2, v2, m2, cu_seqlens, float(g), float(g) * float(lm), a, b, how)
+
+    def shaped(o):
+        if o is None:
+            return None
+        o = o.reshape(rewards.shape)
+        return o.t() if nd == 2 and tm == 0 else o
+    return shaped(a), shaped(b)
+
+
+def _run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src=None):
+    if backend_for(r.device) == "triton":
+        from rl_triton_core import _token_kernel
+        _token_kernel.run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src)
+    else:
+        _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src)
+
+
+def _np(t):
+    """A numpy view (float32 for half types, which numpy lacks: a copy on the CPU path)."""
+    if t.dtype in (torch.float16, torch.bfloat16):
+        t = t.float()
+    return t.detach().numpy()
+
+
+def _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
+    import numpy as np
+
+    from rl_triton_core import _token_cpu as k
+
+    rows, starts, lens = k.layout(r.shape[0], r.shape[1],
+                                  None if cu is None else cu.numpy())
+    if cu is not None:
+        lens = np.maximum(lens, 0)
+    stats = np.zeros((rows.shape[0], 3))
+    mm = _np(m) if m.dtype != torch.bool else m.numpy().view(np.uint8)
+    half = out0.dtype in (torch.float16, torch.bfloat16)
+    o0 = torch.empty(out0.shape, dtype=torch.float64) if half else out0
+    if mode == _STATS:
+        k.row_stats(_np(whiten_src), mm, rows, starts, lens, stats)
+    else:
+        o1 = None
+        if out1 is not None:
+            o1 = torch.empty(out1.shape, dtype=torch.float64) if half else out1
+        rr = _np(r)
+        vv = _np(v) if v is not None else rr
+        k.scan(mode, rr, vv, mm, rows, starts, lens, g, gl, o0.numpy(),
+               (o1 if o1 is not None else o0).numpy(), stats)
+        if o1 is not None and o1 is not out1:
+            out1.copy_(o1)
+    if how is not None:
+        count_eps, eps, unbiased, shift, fill = how
+        if count_eps is None:  # fill only
+            mu, rstd, do_shift = 0.0, 1.0, True
+        else:
+            mu, rstd = k.finish(stats, count_eps, eps, unbiased)
+            do_shift = shift
+        src = _np(whiten_src) if mode == _STATS else o0.numpy()
+        k.whiten(src, mm, rows, starts, lens, float(mu), float(rstd), do_shift,
+                 fill is not None, 0.0 if fill is None else fill, o0.numpy())
+    if o0 is not out0:
+        out0.copy_(o0)

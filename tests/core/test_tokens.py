@@ -1,0 +1,240 @@
+"""Token-level estimators (masked GAE, masked returns, masked whitening) against the
+float64 reference loops (the frameworks' own loops), on the CPU path, the Triton
+interpreter and CUDA; packed equals padded; one response equals itself in a batch."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import rl_triton_core as rc
+from rl_triton_core import reference as ref
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _backends():
+    out = [pytest.param(("cpu", "cpu"), id="numba")]
+    if INTERP:
+        out.append(pytest.param(("cpu", "triton"), id="interpreter"))
+    out.append(pytest.param(("cuda", "auto"), id="cuda", marks=[
+        pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]))
+    return out
+
+
+@pytest.fixture(params=_backends())
+def where(request, monkeypatch):
+    device, backend = request.param
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", backend)
+    return device, backend
+
+
+def _mask(g, B, T, kind):
+    """Right padding, left padding, multi-turn observation spans, all-masked rows."""
+    lens = torch.randint(0, T + 1, (B,), generator=g)
+    t = torch.arange(T)
+    if kind == "right":
+        m = t[None, :] < lens[:, None]
+    elif kind == "left":
+        m = t[None, :] >= (T - lens)[:, None]
+    else:  # multi-turn: valid spans with observation tokens between them
+        m = torch.rand(B, T, generator=g) < 0.7
+        spans = torch.rand(B, T, generator=g) < 0.15
+        m &= ~spans.cumsum(1).remainder(2).bool()
+        m &= t[None, :] < lens[:, None]
+    if B > 2:
+        m[1] = False  # an all-masked row
+    return m
+
+
+def _inputs(seed, B, T, dtype, kind, device, mask_dtype=torch.bool):
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randn(B, T, generator=g, dtype=torch.float64)
+    v = torch.randn(B, T, generator=g, dtype=torch.float64)
+    m = _mask(g, B, T, kind)
+    return (r.to(dtype).to(device), v.to(dtype).to(device), m.to(mask_dtype).to(device))
+
+
+def _tol(dtype):
+    return {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 3e-2)
+
+
+def _close(got, want, dtype, what):
+    assert not torch.isnan(got).any() or torch.isnan(want).any(), what
+    tol = _tol(dtype)
+    torch.testing.assert_close(got.double().cpu(), want.double().cpu(), rtol=tol, atol=tol * 10,
+                               msg=lambda s: f"{what}: {s}")
+
+
+def _shapes(backend):
+    if backend == "triton":  # the interpreter is slow
+        return [(1, 1), (3, 7), (4, 40)]
+    return [(1, 1), (3, 7), (5, 300), (8, 1100)]
+
+
+@pytest.mark.parametrize("kind", ["right", "left", "multi"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("skip", [True, False])
+def test_masked_gae(where, kind, dtype, skip):
+    device, backend = where
+    for i, (B, T) in enumerate(_shapes(backend)):
+        seed = 1000 * i + 7
+        r, v, m = _inputs(seed, B, T, dtype, kind, device)
+        gamma, lmbda = 0.5 + 0.5 * torch.rand(()).item(), torch.rand(()).item()
+        a, ret = rc.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip, time_dim=-1)
+        wa, wret = ref.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip)
+        what = f"seed={seed} B={B} T={T} {dtype} {kind} skip={skip}"
+        assert a.dtype == dtype and a.shape == r.shape and a.device == r.device
+        _close(a, wa, dtype, "advantages " + what)
+        _close(ret, wret, dtype, "returns " + what)
+
+
+@pytest.mark.parametrize("kind", ["right", "multi"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("count_eps,fill", [(1e-8, None), (0.0, 0.0)])
+def test_masked_gae_whitened(where, kind, dtype, count_eps, fill):
+    device, backend = where
+    for i, (B, T) in enumerate(_shapes(backend)[1:]):
+        seed = 1000 * i + 11
+        r, v, m = _inputs(seed, B, T, dtype, kind, device)
+        m[0, 0] = True
+        m[0, -1] = True  # at least two valid tokens
+        a, ret = rc.masked_gae(r, v, m, gamma=0.99, lmbda=0.95, whiten=True,
+                               count_eps=count_eps, fill=fill, time_dim=-1)
+        wa, wret = ref.masked_gae(r, v, m, gamma=0.99, lmbda=0.95, whiten=True,
+                                  count_eps=count_eps, fill=fill)
+        what = f"seed={seed} B={B} T={T} {dtype} {kind}"
+        _close(a, wa, dtype, "whitened advantages " + what)
+        _close(ret, wret, dtype, "returns " + what)
+
+
+@pytest.mark.parametrize("kind", ["right", "left", "multi"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("skip", [True, False])
+def test_masked_returns(where, kind, dtype, skip):
+    device, backend = where
+    for i, (B, T) in enumerate(_shapes(backend)):
+        seed = 1000 * i + 13
+        r, _, m = _inputs(seed, B, T, dtype, kind, device, mask_dtype=torch.float32)
+        got = rc.masked_returns(r, m, gamma=0.9, skip=skip, time_dim=-1)
+        want = ref.masked_returns(r, m, gamma=0.9, skip=skip)
+        _close(got, want, dtype, f"seed={seed} B={B} T={T} {dtype} {kind} skip={skip}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shift_mean", [True, False])
+@pytest.mark.parametrize("count_eps,fill,unbiased", [(1e-8, None, True), (0.0, 0.0, True),
+                                                      (0.0, None, False)])
+def test_masked_whiten(where, dtype, shift_mean, count_eps, fill, unbiased):
+    device, backend = where
+    for i, (B, T) in enumerate(_shapes(backend)[1:]):
+        seed = 1000 * i + 17
+        r, _, m = _inputs(seed, B, T, dtype, "multi", device, mask_dtype=torch.int64)
+        m[0, :2] = 1
+        x = (r * 3 + 5)[:, ::2] if T > 2 else r  # strided, nonzero mean
+        mm = m[:, ::2] if T > 2 else m
+        got = rc.masked_whiten(x, mm, shift_mean=shift_mean, unbiased=unbiased,
+                               count_eps=count_eps, fill=fill)
+        want = ref.masked_whiten(x, mm, shift_mean=shift_mean, unbiased=unbiased,
+                                 count_eps=count_eps, fill=fill)
+        _close(got, want, dtype, f"seed={seed} B={B} T={T} {dtype}")
+
+
+def test_packed_equals_padded(where):
+    device, backend = where
+    B, T = (3, 30) if backend == "triton" else (9, 500)
+    for seed in range(3):
+        r, v, m = _inputs(seed, B, T, torch.float64, "multi", device)
+        g = torch.Generator().manual_seed(seed)
+        lens = torch.randint(0, T + 1, (B,), generator=g)
+        lens[0] = T
+        keep = torch.arange(T)[None, :] < lens[:, None]
+        cu = torch.zeros(B + 1, dtype=torch.int32)
+        cu[1:] = lens.cumsum(0)
+        cu = cu.to(device)
+        kd = keep.to(device)
+        for skip in (True, False):
+            a, ret = rc.masked_gae(r, v, m & kd, gamma=0.97, lmbda=0.9, skip=skip, time_dim=-1)
+            pa, pret = rc.masked_gae(r[kd], v[kd], m[kd], gamma=0.97, lmbda=0.9, skip=skip,
+                                     cu_seqlens=cu, time_dim=0)
+            torch.testing.assert_close(pa, a[kd], rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(pret, ret[kd], rtol=1e-12, atol=1e-12)
+            w, _ = rc.masked_gae(r, v, m & kd, gamma=0.97, lmbda=0.9, skip=skip, whiten=True,
+                                 time_dim=-1)
+            pw, _ = rc.masked_gae(r[kd], v[kd], m[kd], gamma=0.97, lmbda=0.9, skip=skip,
+                                  whiten=True, cu_seqlens=cu, time_dim=0)
+            torch.testing.assert_close(pw, w[kd], rtol=1e-10, atol=1e-10)
+            rr = rc.masked_returns(r, m & kd, gamma=0.9, skip=skip, time_dim=-1)
+            prr = rc.masked_returns(r[kd], m[kd], gamma=0.9, skip=skip, cu_seqlens=cu,
+                                    time_dim=0)
+            torch.testing.assert_close(prr, rr[kd], rtol=1e-12, atol=1e-12)
+
+
+def test_one_response_equals_itself_in_a_batch(where):
+    device, backend = where
+    B, T = (3, 20) if backend == "triton" else (6, 700)
+    r, v, m = _inputs(5, B, T, torch.float32, "multi", device)
+    a, ret = rc.masked_gae(r, v, m, gamma=0.99, lmbda=0.95, time_dim=-1)
+    for i in range(B):
+        ai, reti = rc.masked_gae(r[i:i + 1], v[i:i + 1], m[i:i + 1], gamma=0.99, lmbda=0.95,
+                                 time_dim=-1)
+        torch.testing.assert_close(ai, a[i:i + 1], rtol=0, atol=0)
+        torch.testing.assert_close(reti, ret[i:i + 1], rtol=0, atol=0)
+
+
+def test_time_major_view(where):
+    device, backend = where
+    r, v, m = _inputs(3, 4, 33, torch.float64, "multi", device)
+    a, ret = rc.masked_gae(r.t(), v.t(), m.t(), gamma=0.9, lmbda=0.8, time_dim=0)
+    wa, wret = ref.masked_gae(r, v, m, gamma=0.9, lmbda=0.8)
+    _close(a.t(), wa, torch.float64, "time-major")
+    _close(ret.t(), wret, torch.float64, "time-major returns")
+
+
+def test_mixed_dtypes_and_inputs_unchanged(where):
+    device, backend = where
+    r, v, m = _inputs(4, 3, 50, torch.float32, "multi", device)
+    vb = v.to(torch.bfloat16)
+    before = [t.clone() for t in (r, vb, m)]
+    a, ret = rc.masked_gae(r, vb, m, gamma=0.99, lmbda=0.95, whiten=True, time_dim=-1)
+    assert a.dtype == torch.float32
+    wa, _ = ref.masked_gae(r, vb, m, gamma=0.99, lmbda=0.95, whiten=True)
+    _close(a, wa, torch.float32, "bf16 values, fp32 rewards")
+    for b, t in zip(before, (r, vb, m)):
+        assert torch.equal(b, t)
+
+
+def test_empty_and_single_token_masks_give_nan_not_raise(where):
+    device, backend = where
+    r, v, m = _inputs(6, 2, 9, torch.float32, "right", device)
+    a, _ = rc.masked_gae(r, v, torch.zeros_like(m), whiten=True, time_dim=-1)
+    assert torch.isnan(a).all()
+    one = torch.zeros_like(m)
+    one[0, 3] = True
+    a, _ = rc.masked_gae(r, v, one, whiten=True, time_dim=-1)
+    assert not torch.isfinite(a).all()
+
+
+def test_bad_input():
+    r = torch.randn(2, 5)
+    m = torch.ones(2, 5, dtype=torch.bool)
+    with pytest.raises(TypeError, match="time_dim"):
+        rc.masked_gae(r, r, m)
+    with pytest.raises(ValueError, match="mask"):
+        rc.masked_gae(r, r, m[:, :4], time_dim=-1)
+    with pytest.raises(TypeError, match="rewards"):
+        rc.masked_gae(r.long(), r, m, time_dim=-1)
+    with pytest.raises(ValueError, match="gamma"):
+        rc.masked_gae(r, r, m, gamma=1.5, time_dim=-1)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        rc.masked_gae(r, r, m, cu_seqlens=torch.tensor([0, 5]), time_dim=-1)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        rc.masked_returns(r[0], m[0], cu_seqlens=torch.tensor([0.0, 5.0]), time_dim=0)
+    with pytest.raises(TypeError, match="skip"):
+        rc.masked_gae(r, r, m, skip=1, time_dim=-1)
+    with pytest.raises(TypeError, match="fill"):
+        rc.masked_whiten(r, m, fill="0")
+    with pytest.raises(ValueError, match="rewards"):
+        rc.masked_gae(r[None], r[None], m[None], time_dim=-1)
