@@ -1,7 +1,8 @@
 """The CPU path of the token-level estimators, compiled by numba.
 
 The same recurrences as :mod:`rl_triton_core._token_kernel`, one response per
-iteration of a parallel loop, in float64. Inputs are numpy views ``[R, P]`` (strided,
+loop iteration, in float64; responses are split over the CPU path's threads (numba
+releases the GIL) as the scan's streams are. Inputs are numpy views ``[R, P]`` (strided,
 no copy): a right-padded batch is ``R`` rows of ``P = T`` tokens; a packed stream is
 one row whose responses start at ``starts[i]`` and run ``lens[i]`` tokens.
 """
@@ -11,60 +12,76 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from rl_triton_core import _cpu
 from rl_triton_core._cpu import _CACHE
 
 GAE_SKIP, GAE_MUL, RET_SKIP, RET_MUL = 0, 1, 2, 3
 
 
-@numba.njit(parallel=True, nogil=True, cache=_CACHE)
-def scan(mode, r, v, m, rows, starts, lens, g, gl, out0, out1, stats):
-    """Scan every response; ``stats[i]`` = (count, mean, M2) of its valid outputs."""
-    for i in numba.prange(rows.shape[0]):
-        row = rows[i]
-        s = starts[i]
-        carry = 0.0
-        nv = 0.0
-        cnt = 0.0
-        mean = 0.0
-        m2 = 0.0
-        for k in range(lens[i] - 1, -1, -1):
-            p = s + k
-            ok = m[row, p] != 0
-            rt = float(r[row, p]) if ok else 0.0
-            if mode == GAE_SKIP:
-                vt = float(v[row, p])
-                if ok:
+def _make_scan(MODE):
+    """The scan of one mode (a compile-time constant of the closure: no branch on it in
+    the loop)."""
+
+    @numba.njit(nogil=True, cache=_CACHE)
+    def scan(r, v, m, rows, starts, lens, g, gl, out0, out1, stats, want_stats, lo, hi):
+        """Scan responses [lo, hi); where ``want_stats``, ``stats[i]`` = (count, mean, M2)
+        of their valid outputs (two passes over the row: the second reads it from cache)."""
+        for i in range(lo, hi):
+            row = rows[i]
+            s = starts[i]
+            carry = 0.0
+            nv = 0.0
+            cnt = 0.0
+            tot = 0.0
+            for k in range(lens[i] - 1, -1, -1):
+                p = s + k
+                ok = m[row, p] != 0
+                rt = float(r[row, p]) if ok else 0.0
+                if MODE == GAE_SKIP:
+                    vt = float(v[row, p])
+                    if ok:
+                        carry = rt + g * nv - vt + gl * carry
+                        nv = vt
+                    out0[row, p] = carry
+                    out1[row, p] = carry + vt
+                elif MODE == GAE_MUL:
+                    vt = float(v[row, p]) if ok else 0.0
                     carry = rt + g * nv - vt + gl * carry
                     nv = vt
-                out0[row, p] = carry
-                out1[row, p] = carry + vt
-            elif mode == GAE_MUL:
-                vt = float(v[row, p]) if ok else 0.0
-                carry = rt + g * nv - vt + gl * carry
-                nv = vt
-                out0[row, p] = carry
-                out1[row, p] = carry + vt
-            elif mode == RET_SKIP:
-                if ok:
+                    out0[row, p] = carry
+                    out1[row, p] = carry + vt
+                elif MODE == RET_SKIP:
+                    if ok:
+                        carry = rt + g * carry
+                    out0[row, p] = carry if ok else 0.0
+                else:
                     carry = rt + g * carry
-                out0[row, p] = carry if ok else 0.0
-            else:
-                carry = rt + g * carry
-                out0[row, p] = carry
-            if ok:  # Welford's update of the row's statistics
-                cnt += 1.0
-                d = carry - mean
-                mean += d / cnt
-                m2 += d * (carry - mean)
-        stats[i, 0] = cnt
-        stats[i, 1] = mean
-        stats[i, 2] = m2
+                    out0[row, p] = carry
+                if ok:  # the statistics of the stored (rounded) outputs, as whitening sees them
+                    cnt += 1.0
+                    tot += float(out0[row, p])
+            if want_stats:
+                mean = tot / cnt if cnt > 0 else 0.0
+                m2 = 0.0
+                for k in range(lens[i]):
+                    p = s + k
+                    if m[row, p] != 0:
+                        d = out0[row, p] - mean
+                        m2 += d * d
+                stats[i, 0] = cnt
+                stats[i, 1] = mean
+                stats[i, 2] = m2
+
+    return scan
 
 
-@numba.njit(parallel=True, nogil=True, cache=_CACHE)
-def row_stats(x, m, rows, starts, lens, stats):
-    """(count, mean, M2) of the valid entries of every response."""
-    for i in numba.prange(rows.shape[0]):
+SCANS = {mode: _make_scan(mode) for mode in (GAE_SKIP, GAE_MUL, RET_SKIP, RET_MUL)}
+
+
+@numba.njit(nogil=True, cache=_CACHE)
+def row_stats(x, m, rows, starts, lens, stats, lo, hi):
+    """(count, mean, M2) of the valid entries of responses [lo, hi)."""
+    for i in range(lo, hi):
         row = rows[i]
         cnt = 0.0
         mean = 0.0
@@ -106,9 +123,9 @@ def finish(stats, count_eps, eps, unbiased):
     return mu, 1.0 / np.sqrt(var + eps)
 
 
-@numba.njit(parallel=True, nogil=True, cache=_CACHE)
-def whiten(x, m, rows, starts, lens, mu, rstd, shift, has_fill, fill, out):
-    for i in numba.prange(rows.shape[0]):
+@numba.njit(nogil=True, cache=_CACHE)
+def whiten(x, m, rows, starts, lens, mu, rstd, shift, has_fill, fill, out, lo, hi):
+    for i in range(lo, hi):
         row = rows[i]
         for k in range(lens[i]):
             p = starts[i] + k
@@ -128,3 +145,17 @@ def layout(n_rows, n_tokens, cu_seqlens):
     cu = cu_seqlens.astype(np.int64)
     k = cu.shape[0] - 1
     return np.zeros(k, dtype=np.int64), cu[:-1].copy(), np.diff(cu)
+
+
+def split(fn, n_items: int, work: int, *args):
+    """``fn(*args, lo, hi)`` over [0, n_items), in ranges split over the CPU path's threads."""
+    threads = min(_cpu.THREADS if work >= _cpu._MIN_WORK else 1, n_items)
+    if threads <= 1:
+        fn(*args, 0, n_items)
+        return
+    step = -(-n_items // threads)
+    futures = [_cpu._pool().submit(fn, *args, lo, min(lo + step, n_items))
+               for lo in range(step, n_items, step)]
+    fn(*args, 0, min(step, n_items))
+    for f in futures:
+        f.result()

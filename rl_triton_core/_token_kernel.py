@@ -72,8 +72,8 @@ def _valid(M, off, ok):
 
 @triton.jit
 def _first(h, lane):
-    """h at lane 0 (the chunk's first token: the carry of the chunk before it)."""
-    return tl.sum(tl.where(lane == 0, h, 0.0), axis=0)
+    """h at lane 0 of each row (the chunk's first token: the carry of the chunk before it)."""
+    return tl.sum(tl.where(lane[None, :] == 0, h, 0.0), axis=1)
 
 
 @triton.jit
@@ -81,52 +81,52 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
                       srn, srt, svn, svt, smn, smt, T, N,
                       g_hi, g_lo, gl_hi, gl_lo, ce_hi, ce_lo, eps_hi, eps_lo,
                       MODE: tl.constexpr, PACKED: tl.constexpr, WHITEN: tl.constexpr,
-                      UNBIASED: tl.constexpr, FP64: tl.constexpr, BT: tl.constexpr,
-                      RB: tl.constexpr):
-    """One response per program. Inputs by (row, token) strides; outputs contiguous
-    (padded: row * T + t; packed: the stream's position)."""
-    row = tl.program_id(0)
+                      UNBIASED: tl.constexpr, FP64: tl.constexpr, BN: tl.constexpr,
+                      BT: tl.constexpr, RB: tl.constexpr):
+    """BN responses per program, scanned from their ends BT tokens at a time. Inputs by
+    (row, token) strides; outputs contiguous (padded: row * T + t; packed: the stream's
+    position)."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    rok = rows < N
     if PACKED:
-        start = tl.load(CU + row).to(tl.int64)
-        L = tl.load(CU + row + 1).to(tl.int64) - start
-        orow = start
-        irow = start
+        start = tl.load(CU + rows, mask=rok, other=0).to(tl.int64)
+        L = tl.load(CU + rows + 1, mask=rok, other=0).to(tl.int64) - start
+        orow = start[:, None]
     else:
-        L = T
-        orow = row.to(tl.int64) * T
-        irow = row.to(tl.int64)
+        L = tl.where(rok, T, 0).to(tl.int64)
+        orow = rows.to(tl.int64)[:, None] * T
+    irow = rows.to(tl.int64)[:, None]
     if FP64:
-        zero = tl.zeros([BT], dtype=tl.float64)
+        zero = tl.zeros([BN, BT], dtype=tl.float64)
     else:
-        zero = tl.zeros([BT], dtype=tl.float32)
+        zero = tl.zeros([BN, BT], dtype=tl.float32)
     g = _num(g_hi, g_lo, FP64)
     gl = _num(gl_hi, gl_lo, FP64)
     lane = tl.arange(0, BT)
-    carry_nv = tl.sum(zero, axis=0)
-    carry = tl.sum(zero, axis=0)
-    cnt = tl.sum(zero, axis=0)
-    mean = tl.sum(zero, axis=0)
-    m2 = tl.sum(zero, axis=0)
-    n_chunks = tl.cdiv(L, BT)
+    z1 = tl.sum(zero, axis=1)
+    carry_nv = z1
+    carry = z1
+    cnt = z1
+    mean = z1
+    m2 = z1
+    n_chunks = tl.cdiv(tl.max(L, axis=0), BT)
     for c in range(0, n_chunks):
-        t = (n_chunks - 1 - c) * BT + lane
-        ok = t < L
-        ok1 = t + 1 < L
+        # chunk c counts from each response's end: tokens [L - (c+1) BT, L - c BT)
+        t = L[:, None] - (c + 1) * BT + lane[None, :]
+        ok = t >= 0
+        ok1 = (t + 1 >= 0) & (t + 1 < L[:, None])
         if PACKED:
-            p = irow + t
-            p1 = p + 1
+            p = orow + t
             om = p * smt
-            om1 = p1 * smt
         else:
+            p = t
             om = irow * smn + t * smt
-            om1 = om + smt
         m = _valid(M, om, ok)
         if MODE == MODE_STATS:
             if PACKED:
-                x = _ld(R, p * srt, m, FP64)
+                h = _ld(R, p * srt, m, FP64)
             else:
-                x = _ld(R, irow * srn + t * srt, m, FP64)
-            h = x
+                h = _ld(R, irow * srn + t * srt, m, FP64)
         else:
             if PACKED:
                 r = _ld(R, p * srt, m, FP64)
@@ -141,18 +141,16 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
             else:
                 if PACKED:
                     ov = p * svt
-                    ov1 = p1 * svt
                 else:
                     ov = irow * svn + t * svt
-                    ov1 = ov + svt
                 v = _ld(V, ov, ok, FP64)
-                m1 = _valid(M, om1, ok1)
-                v1 = _ld(V, ov1, m1, FP64)
+                m1 = _valid(M, om + smt, ok1)
+                v1 = _ld(V, ov + svt, m1, FP64)
                 if MODE == MODE_GAE_SKIP:
                     # the next valid value after t: a recurrence of its own, scanned first
                     na, nb = tl.associative_scan((tl.where(m1, v1, 0.0), tl.where(m1, 0.0, 1.0)),
-                                                 0, _combine, reverse=True)
-                    nv1 = na + nb * carry_nv
+                                                 1, _combine, reverse=True)
+                    nv1 = na + nb * carry_nv[:, None]
                     carry_nv = _first(nv1, lane)  # nv at the chunk's second token
                     alpha = tl.where(m, r + g * nv1 - v, 0.0)
                     beta = tl.where(m, gl + zero, 1.0)
@@ -160,8 +158,8 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
                     v = tl.where(m, v, 0.0)
                     alpha = tl.where(ok, tl.where(m, r, 0.0) + g * v1 - v, 0.0)
                     beta = tl.where(ok, gl + zero, 1.0)
-            a, b = tl.associative_scan((alpha, beta), 0, _combine, reverse=True)
-            h = a + b * carry
+            a, b = tl.associative_scan((alpha, beta), 1, _combine, reverse=True)
+            h = a + b * carry[:, None]
             carry = _first(h, lane)
             o = orow + t
             if MODE == MODE_RET_SKIP:
@@ -172,16 +170,16 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
                 tl.store(ADV + o, h.to(ADV.dtype.element_ty), mask=ok)
                 tl.store(RET + o, (h + v).to(RET.dtype.element_ty), mask=ok)
         if WHITEN:
-            nc = tl.sum(m.to(zero.dtype), axis=0)
-            mc = tl.sum(tl.where(m, h, 0.0), axis=0) / tl.maximum(nc, 1.0)
-            d = h - mc
-            qc = tl.sum(tl.where(m, d * d, 0.0), axis=0)
+            nc = tl.sum(m.to(zero.dtype), axis=1)
+            mc = tl.sum(tl.where(m, h, 0.0), axis=1) / tl.maximum(nc, 1.0)
+            d = h - mc[:, None]
+            qc = tl.sum(tl.where(m, d * d, 0.0), axis=1)
             cnt, mean, m2 = _chan(cnt, mean, m2, nc, mc, qc)
     if WHITEN:
-        tl.store(WS + row, cnt)
-        tl.store(WS + N + row, mean)
-        tl.store(WS + 2 * N + row, m2)
-        if tl.atomic_add(TICKET, 1) == N - 1:  # the last program: every row's stats are out
+        tl.store(WS + rows, cnt, mask=rok)
+        tl.store(WS + N + rows, mean, mask=rok)
+        tl.store(WS + 2 * N + rows, m2, mask=rok)
+        if tl.atomic_add(TICKET, 1) == tl.num_programs(0) - 1:  # the last program
             _finish(WS, STATS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED, FP64, RB)
 
 
@@ -248,8 +246,11 @@ def _hilo(x: float):
     return hi, float(np.float32(x - hi))
 
 
-def _chunk(n_tokens: int) -> int:
-    return max(16, min(1024, triton.next_power_of_2(max(int(n_tokens), 1))))
+def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
+    """(BN, BT, num_warps) of the scan: BN responses of about ``n_tokens`` tokens each
+    per program, BT tokens per step."""
+    bt = max(16, min(512, triton.next_power_of_2(max(int(n_tokens), 1))))
+    return 1, bt, 1
 
 
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
@@ -271,17 +272,17 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     else:
         ws = ticket = stats = None
     src = whiten_src if mode == MODE_STATS else r
-    bt = _chunk(n_tok if not packed else n_tok // max(n_rows, 1))
+    bn, bt, warps = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
     ce = _hilo(how[0] if whiten else 0.0)
     ep = _hilo(how[1] if whiten else 0.0)
     vv = v if v is not None else src
     if mode != MODE_STATS or whiten:
-        token_scan_kernel[(n_rows,)](
+        token_scan_kernel[(triton.cdiv(n_rows, bn),)](
             src, vv, m, cu, out0, out1 if out1 is not None else out0, ws, ticket, stats,
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
             n_tok, n_rows, *_hilo(g), *_hilo(gl), *ce, *ep,
             MODE=mode, PACKED=packed, WHITEN=whiten, UNBIASED=bool(how[2]) if whiten else False,
-            FP64=fp64, BT=bt, RB=1024, num_warps=4 if bt <= 512 else 8)
+            FP64=fp64, BN=bn, BT=bt, RB=1024, num_warps=warps)
     if how is None:
         return
     fill = how[4]

@@ -245,20 +245,22 @@ def _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
                                   None if cu is None else cu.numpy())
     if cu is not None:
         lens = np.maximum(lens, 0)
-    stats = np.zeros((rows.shape[0], 3))
+    n, work = rows.shape[0], r.numel()
+    stats = np.zeros((n, 3))
     mm = _np(m) if m.dtype != torch.bool else m.numpy().view(np.uint8)
     half = out0.dtype in (torch.float16, torch.bfloat16)
     o0 = torch.empty(out0.shape, dtype=torch.float64) if half else out0
     if mode == _STATS:
-        k.row_stats(_np(whiten_src), mm, rows, starts, lens, stats)
+        k.split(k.row_stats, n, work, _np(whiten_src), mm, rows, starts, lens, stats)
     else:
         o1 = None
         if out1 is not None:
             o1 = torch.empty(out1.shape, dtype=torch.float64) if half else out1
         rr = _np(r)
         vv = _np(v) if v is not None else rr
-        k.scan(mode, rr, vv, mm, rows, starts, lens, g, gl, o0.numpy(),
-               (o1 if o1 is not None else o0).numpy(), stats)
+        k.split(k.SCANS[mode], n, work, rr, vv, mm, rows, starts, lens, g, gl, o0.numpy(),
+                (o1 if o1 is not None else o0).numpy(), stats,
+                how is not None and how[0] is not None)
         if o1 is not None and o1 is not out1:
             out1.copy_(o1)
     if how is not None:
@@ -269,7 +271,7 @@ def _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
             mu, rstd = k.finish(stats, count_eps, eps, unbiased)
             do_shift = shift
         src = _np(whiten_src) if mode == _STATS else o0.numpy()
-        k.whiten(src, mm, rows, starts, lens, float(mu), float(rstd), do_shift,
-                 fill is not None, 0.0 if fill is None else fill, o0.numpy())
+        k.split(k.whiten, n, work, src, mm, rows, starts, lens, float(mu), float(rstd),
+                do_shift, fill is not None, 0.0 if fill is None else fill, o0.numpy())
     if o0 is not out0:
         out0.copy_(o0)

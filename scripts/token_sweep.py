@@ -1,0 +1,49 @@
+"""Device time of masked GAE (+ whitening) over the scan's chunk length and warps.
+
+    python scripts/token_sweep.py [--shapes 256x4096,1024x8192,4096x16384]
+"""
+import argparse
+
+import torch
+
+import rl_triton_core as rc
+from rl_triton_core import _token_kernel as K
+from rl_triton_core.bench import harness
+from rl_triton_core.bench import peers as P
+from rl_triton_core.bench.tokens import inputs
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--shapes", default="256x4096,1024x8192,4096x16384")
+ap.add_argument("--configs", default=(
+    "1:128:1,1:256:1,1:512:1,2:256:1,2:256:2,1:1024:2,1:1024:4,4:128:4,1:2048:4,2:512:2"))
+opts = ap.parse_args()
+timer = harness.Timer("cuda", 100)
+default = K.config
+print("| shape | whiten | BN | BT | warps | device µs | floor µs | ratio |")
+print("|---|---|---:|---:|---:|---:|---:|---:|")
+for shape in opts.shapes.split(","):
+    B, T = (int(s) for s in shape.split("x"))
+    r, v, m = inputs(B, T, torch.float32, "cuda")
+    f1 = P.make_floor([r, v, m], [], [], 2, (B, T), torch.float32)
+    adv = torch.empty(B, T, device="cuda")
+    f2 = P.make_floor([adv], [], [], 1, (B, T), torch.float32)
+    fl1 = timer.measure(f1, graph=True)["device_us"]
+    fl2 = fl1 + timer.measure(f2, graph=True)["device_us"]
+    for whiten in (False, True):
+        for cfg in opts.configs.split(","):
+            bn, bt, w = (int(x) for x in cfg.split(":"))
+            if True:
+                K.config = lambda n, t, bn=bn, bt=bt, w=w: (bn, bt, w)
+                try:
+                    def fn(r=r, v=v, m=m, whiten=whiten):
+                        return rc.masked_gae(r, v, m, gamma=1.0, lmbda=0.95, whiten=whiten,
+                                             count_eps=1e-8, time_dim=-1)
+                    d = timer.measure(fn, graph=True)["device_us"]
+                except Exception as e:  # noqa: BLE001
+                    print(f"| {shape} | {whiten} | {bn} | {bt} | {w} | error "
+                          f"{type(e).__name__} | | |")
+                    continue
+                fl = fl2 if whiten else fl1
+                print(f"| {shape} | {whiten} | {bn} | {bt} | {w} | {d:.1f} | {fl:.1f} | "
+                      f"{d / fl:.2f} |", flush=True)
+    K.config = default
