@@ -72,8 +72,8 @@ def _valid(M, off, ok):
 
 @triton.jit
 def _first(h, lane):
-    """h at lane 0 of each row (the chunk's first token: the carry of the chunk before it)."""
-    return tl.sum(tl.where(lane[None, :] == 0, h, 0.0), axis=1)
+    """h at lane 0 (the chunk's first token: the carry of the chunk before it)."""
+    return tl.sum(tl.where(lane == 0, h, 0.0), axis=0)
 
 
 @triton.jit
@@ -81,57 +81,54 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
                       srn, srt, svn, svt, smn, smt, T, N,
                       g_hi, g_lo, gl_hi, gl_lo, ce_hi, ce_lo, eps_hi, eps_lo,
                       MODE: tl.constexpr, PACKED: tl.constexpr, WHITEN: tl.constexpr,
-                      UNBIASED: tl.constexpr, FP64: tl.constexpr, BN: tl.constexpr,
-                      BT: tl.constexpr, RB: tl.constexpr):
-    """BN responses per program, scanned from their ends BT tokens at a time. Inputs by
-    (row, token) strides; outputs contiguous (padded: row * T + t; packed: the stream's
-    position)."""
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    rok = rows < N
+                      UNBIASED: tl.constexpr, FP64: tl.constexpr, BT: tl.constexpr,
+                      RB: tl.constexpr, STAGES: tl.constexpr):
+    """One response per program, scanned from its end BT tokens at a time (chunks
+    aligned to BT from its start, so loads vectorise). Row bases are 64-bit scalars,
+    token offsets 32-bit (the launcher checks a row's extent fits). Inputs by
+    (row, token) strides; outputs contiguous (padded: row * T + t; packed: the
+    stream's position)."""
+    row = tl.program_id(0)
     if PACKED:
-        start = tl.load(CU + rows, mask=rok, other=0).to(tl.int64)
-        L = tl.load(CU + rows + 1, mask=rok, other=0).to(tl.int64) - start
-        orow = start[:, None]
+        start = tl.load(CU + row).to(tl.int64)
+        L = (tl.load(CU + row + 1).to(tl.int64) - start).to(tl.int32)
+        R += start * srt
+        M += start * smt
+        ADV += start
+        if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
+            V += start * svt
+            RET += start
     else:
-        L = tl.where(rok, T, 0).to(tl.int64)
-        orow = rows.to(tl.int64)[:, None] * T
-    irow = rows.to(tl.int64)[:, None]
+        L = T
+        r64 = row.to(tl.int64)
+        R += r64 * srn
+        M += r64 * smn
+        ADV += r64 * T
+        if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
+            V += r64 * svn
+            RET += r64 * T
     if FP64:
-        zero = tl.zeros([BN, BT], dtype=tl.float64)
+        zero = tl.zeros([BT], dtype=tl.float64)
     else:
-        zero = tl.zeros([BN, BT], dtype=tl.float32)
+        zero = tl.zeros([BT], dtype=tl.float32)
     g = _num(g_hi, g_lo, FP64)
     gl = _num(gl_hi, gl_lo, FP64)
     lane = tl.arange(0, BT)
-    z1 = tl.sum(zero, axis=1)
-    carry_nv = z1
-    carry = z1
-    cnt = z1
-    mean = z1
-    m2 = z1
-    n_chunks = tl.cdiv(tl.max(L, axis=0), BT)
-    for c in range(0, n_chunks):
-        # chunk c counts from each response's end: tokens [L - (c+1) BT, L - c BT)
-        t = L[:, None] - (c + 1) * BT + lane[None, :]
-        ok = t >= 0
-        ok1 = (t + 1 >= 0) & (t + 1 < L[:, None])
-        if PACKED:
-            p = orow + t
-            om = p * smt
-        else:
-            p = t
-            om = irow * smn + t * smt
-        m = _valid(M, om, ok)
+    z = tl.sum(zero, axis=0)
+    carry_nv = z
+    carry = z
+    cnt = z
+    mean = z
+    m2 = z
+    n_chunks = tl.cdiv(L, BT)
+    for c in tl.range(0, n_chunks, num_stages=STAGES):
+        t = (n_chunks - 1 - c) * BT + lane
+        ok = t < L
+        m = _valid(M, t * smt, ok)
         if MODE == MODE_STATS:
-            if PACKED:
-                h = _ld(R, p * srt, m, FP64)
-            else:
-                h = _ld(R, irow * srn + t * srt, m, FP64)
+            h = _ld(R, t * srt, m, FP64)
         else:
-            if PACKED:
-                r = _ld(R, p * srt, m, FP64)
-            else:
-                r = _ld(R, irow * srn + t * srt, m, FP64)
+            r = _ld(R, t * srt, m, FP64)
             if MODE == MODE_RET_SKIP:
                 alpha = tl.where(m, r, 0.0)
                 beta = tl.where(m, g + zero, 1.0)
@@ -139,18 +136,15 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
                 alpha = tl.where(m, r, 0.0)
                 beta = tl.where(ok, g + zero, 1.0)
             else:
-                if PACKED:
-                    ov = p * svt
-                else:
-                    ov = irow * svn + t * svt
-                v = _ld(V, ov, ok, FP64)
-                m1 = _valid(M, om + smt, ok1)
-                v1 = _ld(V, ov + svt, m1, FP64)
+                ok1 = t + 1 < L
+                v = _ld(V, t * svt, ok, FP64)
+                m1 = _valid(M, (t + 1) * smt, ok1)
+                v1 = _ld(V, (t + 1) * svt, m1, FP64)
                 if MODE == MODE_GAE_SKIP:
                     # the next valid value after t: a recurrence of its own, scanned first
                     na, nb = tl.associative_scan((tl.where(m1, v1, 0.0), tl.where(m1, 0.0, 1.0)),
-                                                 1, _combine, reverse=True)
-                    nv1 = na + nb * carry_nv[:, None]
+                                                 0, _combine, reverse=True)
+                    nv1 = na + nb * carry_nv
                     carry_nv = _first(nv1, lane)  # nv at the chunk's second token
                     alpha = tl.where(m, r + g * nv1 - v, 0.0)
                     beta = tl.where(m, gl + zero, 1.0)
@@ -158,28 +152,27 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
                     v = tl.where(m, v, 0.0)
                     alpha = tl.where(ok, tl.where(m, r, 0.0) + g * v1 - v, 0.0)
                     beta = tl.where(ok, gl + zero, 1.0)
-            a, b = tl.associative_scan((alpha, beta), 1, _combine, reverse=True)
-            h = a + b * carry[:, None]
+            a, b = tl.associative_scan((alpha, beta), 0, _combine, reverse=True)
+            h = a + b * carry
             carry = _first(h, lane)
-            o = orow + t
             if MODE == MODE_RET_SKIP:
-                tl.store(ADV + o, tl.where(m, h, 0.0).to(ADV.dtype.element_ty), mask=ok)
+                tl.store(ADV + t, tl.where(m, h, 0.0).to(ADV.dtype.element_ty), mask=ok)
             elif MODE == MODE_RET_MUL:
-                tl.store(ADV + o, h.to(ADV.dtype.element_ty), mask=ok)
+                tl.store(ADV + t, h.to(ADV.dtype.element_ty), mask=ok)
             else:
-                tl.store(ADV + o, h.to(ADV.dtype.element_ty), mask=ok)
-                tl.store(RET + o, (h + v).to(RET.dtype.element_ty), mask=ok)
+                tl.store(ADV + t, h.to(ADV.dtype.element_ty), mask=ok)
+                tl.store(RET + t, (h + v).to(RET.dtype.element_ty), mask=ok)
         if WHITEN:
-            nc = tl.sum(m.to(zero.dtype), axis=1)
-            mc = tl.sum(tl.where(m, h, 0.0), axis=1) / tl.maximum(nc, 1.0)
-            d = h - mc[:, None]
-            qc = tl.sum(tl.where(m, d * d, 0.0), axis=1)
+            nc = tl.sum(m.to(zero.dtype), axis=0)
+            mc = tl.sum(tl.where(m, h, 0.0), axis=0) / tl.maximum(nc, 1.0)
+            d = h - mc
+            qc = tl.sum(tl.where(m, d * d, 0.0), axis=0)
             cnt, mean, m2 = _chan(cnt, mean, m2, nc, mc, qc)
     if WHITEN:
-        tl.store(WS + rows, cnt, mask=rok)
-        tl.store(WS + N + rows, mean, mask=rok)
-        tl.store(WS + 2 * N + rows, m2, mask=rok)
-        if tl.atomic_add(TICKET, 1) == tl.num_programs(0) - 1:  # the last program
+        tl.store(WS + row, cnt)
+        tl.store(WS + N + row, mean)
+        tl.store(WS + 2 * N + row, m2)
+        if tl.atomic_add(TICKET, 1) == N - 1:  # the last program: every row's stats are out
             _finish(WS, STATS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED, FP64, RB)
 
 
@@ -218,15 +211,26 @@ def _finish(WS, STATS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
 
 @triton.jit
 def whiten_kernel(X, M, Y, STATS, sxn, sxt, smn, smt, T, numel, fill, NORM: tl.constexpr,
-                  SHIFT: tl.constexpr, FILL: tl.constexpr, FP64: tl.constexpr,
-                  BLOCK: tl.constexpr):
+                  SHIFT: tl.constexpr, FILL: tl.constexpr, FLAT: tl.constexpr,
+                  FP64: tl.constexpr, BLOCK: tl.constexpr):
     """Y = (X - mean) / std (+ mean if not SHIFT) where NORM, at masked tokens ``fill``
-    if FILL; X and M by [row, token] strides, Y contiguous (Y may be X)."""
-    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = idx < numel
-    i = idx // T
-    t = idx - i * T
-    x = _ld(X, i * sxn + t * sxt, ok, FP64)
+    if FILL; Y contiguous [rows, T] (Y may be X). FLAT: X and M contiguous too, one
+    1-D grid over every element; else a grid of (token block, row) and strides."""
+    if FLAT:
+        t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = t < numel
+        x = _ld(X, t, ok, FP64)
+        if FILL:
+            valid = _valid(M, t, ok)
+        Y += 0
+    else:
+        t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        row = tl.program_id(1).to(tl.int64)
+        ok = t < T
+        x = _ld(X + row * sxn, t * sxt, ok, FP64)
+        if FILL:
+            valid = _valid(M + row * smn, t * smt, ok)
+        Y += row * T
     y = x
     if NORM:
         mu = tl.load(STATS)
@@ -235,8 +239,8 @@ def whiten_kernel(X, M, Y, STATS, sxn, sxt, smn, smt, T, numel, fill, NORM: tl.c
         if not SHIFT:
             y = y + mu
     if FILL:
-        y = tl.where(_valid(M, i * smn + t * smt, ok), y, fill)
-    tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=ok)
+        y = tl.where(valid, y, fill)
+    tl.store(Y + t, y.to(Y.dtype.element_ty), mask=ok)
 
 
 def _hilo(x: float):
@@ -247,10 +251,18 @@ def _hilo(x: float):
 
 
 def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
-    """(BN, BT, num_warps) of the scan: BN responses of about ``n_tokens`` tokens each
-    per program, BT tokens per step."""
-    bt = max(16, min(512, triton.next_power_of_2(max(int(n_tokens), 1))))
-    return 1, bt, 1
+    """(BT, num_warps, num_stages) of the scan of ``n_rows`` responses of about
+    ``n_tokens`` tokens: BT tokens per step."""
+    # measured on the H200 (scripts/token_sweep.py): few responses want long chunks over
+    # many warps (more of the row in flight); many want 1024 tokens over two warps
+    if n_rows < 512:
+        bt, warps = 2048, 8
+    else:
+        bt, warps = 1024, 2
+    p2 = triton.next_power_of_2(max(int(n_tokens), 1))
+    if p2 < bt:
+        bt, warps = max(16, p2), max(1, min(warps, max(16, p2) // 256))
+    return bt, warps, 1
 
 
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
@@ -272,24 +284,37 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     else:
         ws = ticket = stats = None
     src = whiten_src if mode == MODE_STATS else r
-    bn, bt, warps = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
+    for name, t in (("rewards", src), ("values", v), ("mask", m)):
+        if t is not None and (n_tok + 1) * t.stride(1) >= 2**31:
+            raise ValueError(f"{name}: a response spans {n_tok} tokens of stride "
+                             f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
+    bt, warps, stages = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
     ce = _hilo(how[0] if whiten else 0.0)
     ep = _hilo(how[1] if whiten else 0.0)
     vv = v if v is not None else src
     if mode != MODE_STATS or whiten:
-        token_scan_kernel[(triton.cdiv(n_rows, bn),)](
+        token_scan_kernel[(n_rows,)](
             src, vv, m, cu, out0, out1 if out1 is not None else out0, ws, ticket, stats,
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
             n_tok, n_rows, *_hilo(g), *_hilo(gl), *ce, *ep,
             MODE=mode, PACKED=packed, WHITEN=whiten, UNBIASED=bool(how[2]) if whiten else False,
-            FP64=fp64, BN=bn, BT=bt, RB=1024, num_warps=warps)
+            FP64=fp64, BT=bt, RB=1024, STAGES=stages,
+            num_warps=warps)
     if how is None:
         return
     fill = how[4]
     x = whiten_src if mode == MODE_STATS else out0
     numel = out0.numel()
     block = 1024
-    whiten_kernel[(triton.cdiv(numel, block),)](
+    flat = x.is_contiguous() and (fill is None or m.is_contiguous())
+    if flat:
+        grid = (triton.cdiv(numel, block),)
+    else:
+        if out0.shape[0] > 65535:
+            raise ValueError(f"x or mask with {out0.shape[0]} rows must be contiguous "
+                             "(strided inputs take at most 65535 rows)")
+        grid = (triton.cdiv(n_tok, block), out0.shape[0])
+    whiten_kernel[grid](
         x, m, out0, stats, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok, numel,
         0.0 if fill is None else fill, NORM=whiten, SHIFT=bool(how[3]), FILL=fill is not None,
-        FP64=fp64, BLOCK=block, num_warps=4)
+        FLAT=flat, FP64=fp64, BLOCK=block, num_warps=4)
