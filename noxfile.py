@@ -57,6 +57,21 @@ def _install(session, extras):
     session.install("-e", f".[{extras}]")
 
 
+# The LLM post-training frameworks the verl / OpenRLHF / TRL adapters are tested against.
+# Their own requirements (vLLM, DeepSpeed, flash-attn, Ray pins, tensordict<=0.10) would
+# replace torch or cannot install on a CPU machine, so they come without dependencies,
+# plus what verl.trainer.ppo.core_algos imports (transformers < 5.11 per verl). The
+# OpenRLHF tests load its experience maker with stand-ins for DeepSpeed / vLLM imports,
+# the TRL tests compile the advantage block from TRL's file: neither needs more.
+LLM_DEPS = ["transformers==5.10.4", "omegaconf==2.4.0", "codetiming==1.4.0"]
+LLM_FRAMEWORKS = ["verl==0.9.1", "openrlhf==0.11.2", "trl==1.12.0"]  # trl 1.13 dropped PPO
+
+
+def _install_llm_frameworks(session):
+    session.install(*LLM_DEPS)
+    session.install("--no-deps", *LLM_FRAMEWORKS)
+
+
 def _copy_source(session, dest):
     """The files git would commit (tracked, and new ones it does not ignore), copied to
     ``dest``: a stale ``build/`` or ``*.egg-info`` in the checkout cannot leak into the
@@ -94,7 +109,8 @@ def _wheel_smoke(session):
                         silent=True)
             # the adapters import their frameworks lazily: none is in this venv
             session.run(python, "-c", "import rl_triton_core, rl_triton_torchrl, "
-                        "rl_triton_rllib, rl_triton_cleanrl; "
+                        "rl_triton_rllib, rl_triton_cleanrl, rl_triton_verl, "
+                        "rl_triton_openrlhf, rl_triton_trl; "
                         "print('wheel OK:', rl_triton_core.__file__)", external=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -103,8 +119,9 @@ def _wheel_smoke(session):
 @nox.session
 def tests(session):
     """The CI suite (CPU only): core on the numba path and in the Triton interpreter,
-    the adapters against the real TorchRL, RLlib and gymnasium."""
+    the adapters against the real TorchRL, RLlib and gymnasium, verl, OpenRLHF and TRL."""
     _install(session, "dev,torchrl,rllib,cleanrl,bench,docs")
+    _install_llm_frameworks(session)
     session.env["TRITON_INTERPRET"] = "1"
     session.env["PYTHONHASHSEED"] = "0"
     args = session.posargs or ["-m", "not gpu and not multigpu and not slow", "-n", "2",
