@@ -1,6 +1,6 @@
 """CPU-path ratios against the peers a CPU user has.
 
-    python -m rl_triton_core.bench.cpu_peers [--reps 30]
+    python -m rl_triton_core.bench.cpu_peers [--reps 30] [--rounds 5] [--first-call 5]
 
 * RLlib 2.60's ``compute_value_targets`` (NumPy loop over time) on a 100,000-step
   flat stream of episode chunks, against ``rl_triton_core.gae`` on the same stream;
@@ -56,11 +56,11 @@ def rllib_flat(reps, T=100_000, seed=0):
     r, v = torch.from_numpy(rewards), torch.from_numpy(values)
     te, tr = torch.from_numpy(terminateds), torch.from_numpy(truncateds)
     want = compute_value_targets(values, rewards, terminateds, truncateds, 0.99, 0.95)
-    got = rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95)[1].numpy()
+    got = rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95, time_dim=-1)[1].numpy()
     err = float(np.abs(got - want).max())
     t_rllib, t_ours = _median_ms(
         [lambda: compute_value_targets(values, rewards, terminateds, truncateds, 0.99, 0.95),
-         lambda: rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95)], reps)
+         lambda: rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95, time_dim=-1)], reps)
     return dict(peer="RLlib 2.60 compute_value_targets", shape=f"flat {T:,}",
                 peer_ms=t_rllib, ours_ms=t_ours, max_err=err)
 
@@ -91,19 +91,93 @@ def torchrl_gae(reps, B=4096, T=128, seed=0):
     return rows
 
 
+_CHILD = r"""
+import sys, time
+import torch
+import rl_triton_core as rc
+kind = sys.argv[1]
+g = torch.Generator().manual_seed(0)
+if kind == "flat":  # RLlib's first batch: 4,000 steps + one extra step per chunk, float flags
+    T = 4040
+    r, v = torch.randn(T, generator=g), torch.randn(T, generator=g)
+    te = (torch.rand(T, generator=g) < 0.005).float()
+    tr = (torch.rand(T, generator=g) < 0.005).float()
+    call = lambda: rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95, time_dim=-1)
+else:  # TorchRL's [4096, 128, 1] with next values
+    r, v, nv = (torch.randn(4096, 128, 1, generator=g) for _ in range(3))
+    done = torch.rand(4096, 128, 1, generator=g) < 0.02
+    term = done & (torch.rand(4096, 128, 1, generator=g) < 0.5)
+    call = lambda: rc.gae(r, v, term, done, next_values=nv, gamma=0.99, lmbda=0.95,
+                          time_dim=-2)
+t0 = time.perf_counter(); call(); t1 = time.perf_counter(); call(); t2 = time.perf_counter()
+call(); t3 = time.perf_counter()
+print(1e3 * (t1 - t0), 1e3 * (t2 - t1), 1e3 * (t3 - t2))
+"""
+
+
+def first_call(procs, kinds=("flat", "batch")):
+    """Fresh ``python -c`` processes: ms from ``import rl_triton_core`` done to the first
+    ``gae`` result, then the second call (which waits for numba's warm-up thread if it
+    is still running) and the third; with numba's disk cache warm (one process run
+    before) and cold (a fresh NUMBA_CACHE_DIR per process)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    rows = []
+    for kind in kinds:
+        for cache in ("warm", "cold"):
+            runs = []
+            for i in range(procs + (cache == "warm")):
+                env = dict(os.environ)
+                tmp = tempfile.mkdtemp(prefix="rl_triton_core_numba_") if cache == "cold" \
+                    else None
+                if tmp:
+                    env["NUMBA_CACHE_DIR"] = tmp
+                out = subprocess.run([sys.executable, "-c", _CHILD, kind], env=env,
+                                     capture_output=True, text=True, check=True)
+                if cache == "warm" and i == 0:
+                    continue  # fills the cache
+                runs.append([float(x) for x in out.stdout.split()])
+            rows.append((kind, cache, runs))
+    return rows
+
+
+def _span(xs, fmt="{:.1f}"):
+    xs = sorted(xs)
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(xs[0])}-{fmt.format(xs[-1])})"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat the interleaved measurement; report median (range) of the "
+                         "rounds' medians")
+    ap.add_argument("--first-call", type=int, default=0, metavar="PROCS",
+                    help="also time the first call in PROCS fresh processes per case")
     args = ap.parse_args(argv)
-    rows = [rllib_flat(args.reps), *torchrl_gae(args.reps)]
+    rounds = [[rllib_flat(args.reps), *torchrl_gae(args.reps)] for _ in range(args.rounds)]
     print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}, numba threads "
-          f"{_config.current_tuning().cpu_threads or 'auto'}")
+          f"{_config.current_tuning().cpu_threads or 'auto'}, {args.rounds} round(s) of "
+          f"{args.reps} interleaved calls")
     print("| peer | shape | peer ms | rl_triton_core ms | speed-up | max abs diff |")
     print("|---|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['peer']} | {row['shape']} | {row['peer_ms']:.2f} | {row['ours_ms']:.3f} "
-              f"| {row['peer_ms'] / row['ours_ms']:.0f}x | {row['max_err']:.1e} |")
+    for i, row in enumerate(rounds[0]):
+        peer = [r[i]["peer_ms"] for r in rounds]
+        ours = [r[i]["ours_ms"] for r in rounds]
+        ratio = [p / o for p, o in zip(peer, ours)]
+        err = max(r[i]["max_err"] for r in rounds)
+        print(f"| {row['peer']} | {row['shape']} | {_span(peer, '{:.2f}')} | "
+              f"{_span(ours, '{:.3f}')} | {_span(ratio, '{:.0f}')}x | {err:.1e} |")
+    if args.first_call:
+        print()
+        print("| first call | numba cache | first ms | second ms | third ms |")
+        print("|---|---|---|---|---|")
+        for kind, cache, runs in first_call(args.first_call):
+            cols = [_span([r[c] for r in runs]) for c in range(3)]
+            print(f"| {kind} | {cache} | {cols[0]} | {cols[1]} | {cols[2]} |")
 
 
 if __name__ == "__main__":
