@@ -2,12 +2,17 @@
 
 One program scans one response (a row of the right-padded ``[N, T]`` data, or one
 sequence of the packed stream between ``cu_seqlens[i]`` and ``cu_seqlens[i + 1]``)
-from its end, ``BT`` tokens at a time: each chunk is one ``tl.associative_scan`` of
-(alpha, beta) pairs, ``h_t = alpha_t + beta_t h_{t+1}``, whose carry goes to the next
-chunk. verl's skip semantics are two such recurrences, the next valid value first:
+from its end, ``BT`` tokens at a time, the carry going to the next chunk. verl's skip
+semantics are two coupled recurrences, scanned together as one affine map of the pair
+(A, nv) per token (nv: the next valid value):
 
-    nv_{t+1} = m_{t+1} V_{t+1} + (1 - m_{t+1}) nv_{t+2}
-    A_t      = m_t (r_t + gamma nv_{t+1} - V_t + gamma lambda A_{t+1}) + (1 - m_t) A_{t+1}
+    A_t  = m_t (r_t - V_t) + m_t gamma nv_{t+1} + (m_t gamma lambda + 1 - m_t) A_{t+1}
+    nv_t = m_t V_t + (1 - m_t) nv_{t+1}
+
+The maps compose associatively (5 numbers each). A chunk is rows of 4 tokens, one row
+per thread: each thread composes its row's maps in registers, and one forward
+``tl.associative_scan`` over the rows joins them (see the loop's comment for why not a
+reverse scan).
 
 Whitening needs the mean and variance over every valid token of the batch: each
 program keeps its row's (count, mean, M2) (Chan et al.'s pairwise update per chunk),
@@ -31,6 +36,60 @@ MODE_STATS = tl.constexpr(4)  # whitening statistics of x only
 def _combine(a1, b1, a2, b2):
     # (a1, b1) is applied first, then (a2, b2): h -> a2 + b2 * (a1 + b1 * h)
     return a2 + b2 * a1, b1 * b2
+
+
+@triton.jit
+def _combine2(p1, q1, x1, y1, z1, p2, q2, x2, y2, z2):
+    # the map (A, n) -> (x A + y n + p, z n + q); (.1) is applied first, then (.2)
+    return (x2 * p1 + y2 * q1 + p2, z2 * q1 + q2, x2 * x1, x2 * y1 + y2 * z1, z2 * z1)
+
+
+@triton.jit
+def _cols(x):
+    """The four columns of a [RW, 4] tensor held whole by each thread (no shuffles)."""
+    a, b = tl.split(tl.reshape(x, [x.shape[0], 2, 2]))  # columns (0, 2) and (1, 3)
+    c0, c2 = tl.split(a)
+    c1, c3 = tl.split(b)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _coefs(R, V, M, t, ok, srt, svt, smt, g, gl, zero, MODE: tl.constexpr, FP64: tl.constexpr):
+    """(mask, value, p, q, x, y, z) at tokens t: the map (A, n) -> (x A + y n + p,
+    z n + q) of each token, the identity where not ``ok``; n is the next valid value
+    (verl), the next masked value (OpenRLHF), or unused (returns, statistics)."""
+    m = _valid(M, t * smt, ok)
+    one = zero + 1.0
+    if MODE == MODE_STATS:
+        return m, _ld(R, t * srt, m, FP64), zero, zero, one, zero, one
+    r = _ld(R, t * srt, m, FP64)
+    if MODE == MODE_RET_SKIP:
+        return m, r, tl.where(m, r, 0.0), zero, tl.where(m, g + zero, 1.0), zero, one
+    if MODE == MODE_RET_MUL:
+        return m, r, tl.where(m, r, 0.0), zero, tl.where(ok, g + zero, 1.0), zero, one
+    v = _ld(V, t * svt, ok, FP64)
+    p = tl.where(m, r - v, 0.0)
+    q = tl.where(m, v, 0.0)
+    if MODE == MODE_GAE_SKIP:
+        return (m, v, p, q, tl.where(m, gl + zero, 1.0), tl.where(m, g + zero, 0.0),
+                tl.where(m, zero, 1.0))
+    return (m, v, p, q, tl.where(ok, gl + zero, 1.0), tl.where(ok, g + zero, 0.0),
+            tl.where(ok, zero, 1.0))
+
+
+@triton.jit
+def _suffixes(p, q, x, y, z):
+    """The maps of a row of 4 tokens from each token to the row's end (token 3 applied
+    first), sequentially in the thread: ((p, q, x, y, z) of tokens 0..3)."""
+    p0, p1, p2, p3 = _cols(p)
+    q0, q1, q2, q3 = _cols(q)
+    x0, x1, x2, x3 = _cols(x)
+    y0, y1, y2, y3 = _cols(y)
+    z0, z1, z2, z3 = _cols(z)
+    s2 = _combine2(p3, q3, x3, y3, z3, p2, q2, x2, y2, z2)
+    s1 = _combine2(s2[0], s2[1], s2[2], s2[3], s2[4], p1, q1, x1, y1, z1)
+    s0 = _combine2(s1[0], s1[1], s1[2], s1[3], s1[4], p0, q0, x0, y0, z0)
+    return s0, s1, s2, (p3, q3, x3, y3, z3)
 
 
 @triton.jit
@@ -71,12 +130,6 @@ def _valid(M, off, ok):
 
 
 @triton.jit
-def _first(h, lane):
-    """h at lane 0 (the chunk's first token: the carry of the chunk before it)."""
-    return tl.sum(tl.where(lane == 0, h, 0.0), axis=0)
-
-
-@triton.jit
 def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
                       srn, srt, svn, svt, smn, smt, T, N,
                       g_hi, g_lo, gl_hi, gl_lo, ce_hi, ce_lo, eps_hi, eps_lo,
@@ -107,67 +160,82 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
         if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
             V += r64 * svn
             RET += r64 * T
+    RW: tl.constexpr = BT // 4
     if FP64:
-        zero = tl.zeros([BT], dtype=tl.float64)
+        zero = tl.zeros([RW, 4], dtype=tl.float64)
     else:
-        zero = tl.zeros([BT], dtype=tl.float32)
+        zero = tl.zeros([RW, 4], dtype=tl.float32)
     g = _num(g_hi, g_lo, FP64)
     gl = _num(gl_hi, gl_lo, FP64)
-    lane = tl.arange(0, BT)
-    z = tl.sum(zero, axis=0)
+    i = tl.arange(0, RW)[:, None]
+    j = tl.arange(0, 4)[None, :]
+    z1 = tl.sum(zero, axis=1)
+    z = tl.sum(z1, axis=0)
     carry_nv = z
     carry = z
-    cnt = z
-    mean = z
-    m2 = z
+    # whitening statistics per element slot, reduced once at the end: count, and the
+    # sum and sum of squares of (h - k), k the slot's first valid value (no cancellation)
+    s0 = zero
+    s1 = zero
+    s2 = zero
+    k = zero
+    kset = (i + j) < 0
     n_chunks = tl.cdiv(L, BT)
     for c in tl.range(0, n_chunks, num_stages=STAGES):
-        t = (n_chunks - 1 - c) * BT + lane
+        # A chunk is RW rows of 4 consecutive tokens, row 0 the latest, one row per
+        # thread (its loads vectorise). A token's state is its row's suffix map (built
+        # in the thread) applied to the state entering the row, which a FORWARD scan
+        # over rows gives. Each thread also builds the map of the row after its own, so
+        # that scan is inclusive. (A reverse tl.associative_scan flips every operand
+        # through five warp shuffles per element: shuffle throughput bound the kernel.)
+        t = (n_chunks - c) * BT - 4 * (i + 1) + j
         ok = t < L
-        m = _valid(M, t * smt, ok)
+        tn = t + 4
+        okn = (tn < L) & (i > 0)
+        m, v, p, q, x, y, zz = _coefs(R, V, M, t, ok, srt, svt, smt, g, gl, zero, MODE, FP64)
         if MODE == MODE_STATS:
-            h = _ld(R, t * srt, m, FP64)
+            h = v
         else:
-            r = _ld(R, t * srt, m, FP64)
-            if MODE == MODE_RET_SKIP:
-                alpha = tl.where(m, r, 0.0)
-                beta = tl.where(m, g + zero, 1.0)
-            elif MODE == MODE_RET_MUL:
-                alpha = tl.where(m, r, 0.0)
-                beta = tl.where(ok, g + zero, 1.0)
-            else:
-                ok1 = t + 1 < L
-                v = _ld(V, t * svt, ok, FP64)
-                m1 = _valid(M, (t + 1) * smt, ok1)
-                v1 = _ld(V, (t + 1) * svt, m1, FP64)
+            _m, _v, pn, qn, xn, yn, zn = _coefs(R, V, M, tn, okn, srt, svt, smt, g, gl, zero,
+                                               MODE, FP64)
+            nxt = _suffixes(pn, qn, xn, yn, zn)[0]
+            pr, qr, xr, yr, zr = tl.associative_scan(nxt, 0, _combine2)
+            ea = pr + xr * carry + yr * carry_nv  # the state entering each row
+            en = qr + zr * carry_nv
+            w0, w1, w2, w3 = _suffixes(p, q, x, y, zz)
+            h0 = w0[0] + w0[2] * ea + w0[3] * en
+            h1 = w1[0] + w1[2] * ea + w1[3] * en
+            h2 = w2[0] + w2[2] * ea + w2[3] * en
+            h3 = w3[0] + w3[2] * ea + w3[3] * en
+            h = tl.where(j == 0, h0[:, None], tl.where(j == 1, h1[:, None],
+                         tl.where(j == 2, h2[:, None], h3[:, None])))
+            last = tl.arange(0, RW) == RW - 1  # the chunk's first token: row RW-1, token 0
+            carry = tl.sum(tl.where(last, h0, 0.0), axis=0)
+            if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
+                carry_nv = tl.sum(tl.where(last, w0[1] + w0[4] * en, 0.0), axis=0)
+                tl.store(ADV + t, h.to(ADV.dtype.element_ty), mask=ok)
                 if MODE == MODE_GAE_SKIP:
-                    # the next valid value after t: a recurrence of its own, scanned first
-                    na, nb = tl.associative_scan((tl.where(m1, v1, 0.0), tl.where(m1, 0.0, 1.0)),
-                                                 0, _combine, reverse=True)
-                    nv1 = na + nb * carry_nv
-                    carry_nv = _first(nv1, lane)  # nv at the chunk's second token
-                    alpha = tl.where(m, r + g * nv1 - v, 0.0)
-                    beta = tl.where(m, gl + zero, 1.0)
+                    tl.store(RET + t, (h + v).to(RET.dtype.element_ty), mask=ok)
                 else:
-                    v = tl.where(m, v, 0.0)
-                    alpha = tl.where(ok, tl.where(m, r, 0.0) + g * v1 - v, 0.0)
-                    beta = tl.where(ok, gl + zero, 1.0)
-            a, b = tl.associative_scan((alpha, beta), 0, _combine, reverse=True)
-            h = a + b * carry
-            carry = _first(h, lane)
-            if MODE == MODE_RET_SKIP:
+                    tl.store(RET + t, (h + tl.where(m, v, 0.0)).to(RET.dtype.element_ty),
+                             mask=ok)
+            elif MODE == MODE_RET_SKIP:
                 tl.store(ADV + t, tl.where(m, h, 0.0).to(ADV.dtype.element_ty), mask=ok)
-            elif MODE == MODE_RET_MUL:
-                tl.store(ADV + t, h.to(ADV.dtype.element_ty), mask=ok)
             else:
                 tl.store(ADV + t, h.to(ADV.dtype.element_ty), mask=ok)
-                tl.store(RET + t, (h + v).to(RET.dtype.element_ty), mask=ok)
         if WHITEN:
-            nc = tl.sum(m.to(zero.dtype), axis=0)
-            mc = tl.sum(tl.where(m, h, 0.0), axis=0) / tl.maximum(nc, 1.0)
-            d = h - mc
-            qc = tl.sum(tl.where(m, d * d, 0.0), axis=0)
-            cnt, mean, m2 = _chan(cnt, mean, m2, nc, mc, qc)
+            k = tl.where(kset, k, h)
+            kset = kset | m
+            d = tl.where(m, h - k, 0.0)
+            s0 += m.to(zero.dtype)
+            s1 += d
+            s2 += d * d
+    if WHITEN:
+        n_l = s0
+        mean_l = tl.where(n_l > 0, k + s1 / tl.maximum(n_l, 1.0), 0.0)
+        q_l = tl.maximum(s2 - s1 * s1 / tl.maximum(n_l, 1.0), 0.0)
+        cnt, mean, m2 = tl.reduce((n_l, mean_l, q_l), 1, _chan)
+        cnt, mean, m2 = tl.reduce((cnt, mean, m2), 0, _chan)
     if WHITEN:
         tl.store(WS + row, cnt)
         tl.store(WS + N + row, mean)
@@ -252,17 +320,14 @@ def _hilo(x: float):
 
 def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
     """(BT, num_warps, num_stages) of the scan of ``n_rows`` responses of about
-    ``n_tokens`` tokens: BT tokens per step."""
-    # measured on the H200 (scripts/token_sweep.py): few responses want long chunks over
-    # many warps (more of the row in flight); many want 1024 tokens over two warps
-    if n_rows < 512:
-        bt, warps = 2048, 8
-    else:
-        bt, warps = 1024, 2
+    ``n_tokens`` tokens: BT tokens per step, 128 per warp."""
+    # one row of 4 tokens per thread: BT = 128 per warp. Measured on the H200
+    # (scripts/token_sweep.py): few responses want more of each in flight (8 warps),
+    # many want small programs (2 warps)
+    warps = 8 if n_rows < 512 else 2
     p2 = triton.next_power_of_2(max(int(n_tokens), 1))
-    if p2 < bt:
-        bt, warps = max(16, p2), max(1, min(warps, max(16, p2) // 256))
-    return bt, warps, 1
+    warps = max(1, min(warps, p2 // 128))
+    return 128 * warps, warps, 1
 
 
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):

@@ -240,7 +240,7 @@ def test_bad_input():
         rc.masked_gae(r[None], r[None], m[None], time_dim=-1)
 
 
-@pytest.mark.parametrize("bt,warps", [(16, 1), (32, 2)])
+@pytest.mark.parametrize("bt,warps", [(16, 1), (32, 2), (128, 1)])
 def test_kernel_tiles(where, monkeypatch, bt, warps):
     """Several chunks per response, packed responses of different lengths (empty and
     one-token ones too): every chunk length gives the reference."""
