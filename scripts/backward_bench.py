@@ -41,14 +41,16 @@ def cases(N, T, dev, gen):
     tr = (torch.rand(N, T, generator=gen) < 0.01).to(dev)
     lr = f(N, T) * 0.3
     out = {
-        "gae": (lambda r, v, b: rc.gae(r, v, te, tr, bootstrap_value=b), (r, v, b)),
-        "lambda_returns": (lambda r, v, b: rc.lambda_returns(r, v, te, tr, bootstrap_value=b),
-                           (r, v, b)),
-        "discounted_returns": (lambda r, b: rc.discounted_returns(r, te, tr, bootstrap_value=b),
-                               (r, b)),
-        "vtrace": (lambda r, v, b: rc.vtrace(lr, r, v, te, tr, bootstrap_value=b), (r, v, b)),
-        "linear_recurrence": (lambda x, be: rc.linear_recurrence(x, be), (r, torch.sigmoid(v))),
-        "episodic_cumsum": (lambda x: rc.episodic_cumsum(x, te), (r,)),
+        "gae": (lambda r, v, b: rc.gae(r, v, te, tr, bootstrap_value=b, time_dim=-1), (r, v, b)),
+        "lambda_returns": (lambda r, v, b: rc.lambda_returns(r, v, te, tr, bootstrap_value=b,
+                                                             time_dim=-1), (r, v, b)),
+        "discounted_returns": (lambda r, b: rc.discounted_returns(r, te, tr, bootstrap_value=b,
+                                                                  time_dim=-1), (r, b)),
+        "vtrace": (lambda r, v, b: rc.vtrace(lr, r, v, te, tr, bootstrap_value=b, time_dim=-1),
+                   (r, v, b)),
+        "linear_recurrence": (lambda x, be: rc.linear_recurrence(x, be, time_dim=-1),
+                              (r, torch.sigmoid(v))),
+        "episodic_cumsum": (lambda x: rc.episodic_cumsum(x, te, time_dim=-1), (r,)),
     }
     return out
 
