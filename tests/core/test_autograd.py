@@ -280,7 +280,7 @@ def test_double_backward_linear_recurrence(monkeypatch):
     d = _inputs(1, (2, 6), -1, "cpu")
     xs = [d[k].requires_grad_(True) for k in ("r", "beta", "b")]
     assert torch.autograd.gradgradcheck(
-        lambda a, b, i: rc.linear_recurrence(a, b, init=i, reverse=False), xs)
+        lambda a, b, i: rc.linear_recurrence(a, b, init=i, reverse=False, time_dim=-1), xs)
 
 
 @pytest.mark.parametrize("case", ["gae_shifted", "gae_next_values", "lambda_shifted",

@@ -34,7 +34,7 @@ def _gae(dev, **changes):
 def _lambda_returns(dev, **changes):
     r, v, term = _data(dev)
     a = dict(rewards=r, values=v, terminated=term)
-    kw = dict(gamma=0.9, lmbda=0.8)
+    kw = dict(gamma=0.9, lmbda=0.8, time_dim=-1)
     for k, val in changes.items():
         (a if k in a else kw)[k] = val
     return rtc.lambda_returns(a["rewards"], a["values"], a["terminated"], **kw)
@@ -43,7 +43,7 @@ def _lambda_returns(dev, **changes):
 def _discounted(dev, **changes):
     r, _, term = _data(dev)
     a = dict(rewards=r, terminated=term)
-    kw = dict(gamma=0.9, bootstrap_value=torch.zeros(B, device=dev))
+    kw = dict(gamma=0.9, bootstrap_value=torch.zeros(B, device=dev), time_dim=-1)
     for k, val in changes.items():
         (a if k in a else kw)[k] = val
     return rtc.discounted_returns(a["rewards"], a["terminated"], **kw)
@@ -61,7 +61,7 @@ def _traces(dev, **changes):
 def _cumsum(dev, **changes):
     a = dict(x=torch.randn(B, T, device=dev),
              done=torch.zeros(B, T, dtype=torch.uint8, device=dev))
-    kw = dict(init=torch.zeros(B, device=dev))
+    kw = dict(init=torch.zeros(B, device=dev), time_dim=-1)
     for k, val in changes.items():
         (a if k in a else kw)[k] = val
     return rtc.episodic_cumsum(a["x"], a["done"], **kw)
@@ -69,7 +69,7 @@ def _cumsum(dev, **changes):
 
 def _linrec(dev, **changes):
     a = dict(alpha=torch.randn(B, T, device=dev), beta=torch.rand(B, T, device=dev))
-    kw = dict(reverse=True, init=torch.zeros(B, device=dev))
+    kw = dict(reverse=True, init=torch.zeros(B, device=dev), time_dim=-1)
     for k, val in changes.items():
         (a if k in a else kw)[k] = val
     return rtc.linear_recurrence(a["alpha"], a["beta"], **kw)

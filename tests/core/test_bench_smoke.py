@@ -67,8 +67,8 @@ def test_peer_math_matches_the_reference(time_major):
     term = torch.rand(N, T, generator=g) < 0.1
     trunc = torch.rand(N, T, generator=g) < 0.1
     boot = torch.randn(N, generator=g)
-    adv_ref, tgt_ref = R.gae(r, v, term, trunc, bootstrap_value=boot)
-    ret_ref = R.lambda_returns(r, v, term, trunc, bootstrap_value=boot)
+    adv_ref, tgt_ref = R.gae(r, v, term, trunc, bootstrap_value=boot, time_dim=-1)
+    ret_ref = R.lambda_returns(r, v, term, trunc, bootstrap_value=boot, time_dim=-1)
     tm = (lambda x: x.t().contiguous()) if time_major else (lambda x: x)
     back = (lambda x: x.t()) if time_major else (lambda x: x)
     td = 0 if time_major else 1

@@ -17,14 +17,16 @@ def _data(seed, B=3, T=40, dtype=torch.float32):
 
 
 def step(r, v, lr, nv, term, trunc, boot, gamma_t):
-    adv, target = rc.gae(r, v, term, trunc, bootstrap_value=boot, gamma=0.97, lmbda=0.9)
-    lam = rc.lambda_returns(r, None, term, trunc, next_values=nv, gamma=gamma_t, lmbda=0.8)
-    mc = rc.discounted_returns(r, term, trunc, next_values=nv)
-    vs, pg = rc.vtrace(lr, r, v, term, trunc, bootstrap_value=boot, rho_bar=1.2)
-    q = rc.retrace(lr, r, v, nv, term, trunc, lmbda=0.9)
+    adv, target = rc.gae(r, v, term, trunc, bootstrap_value=boot, gamma=0.97, lmbda=0.9,
+                         time_dim=-1)
+    lam = rc.lambda_returns(r, None, term, trunc, next_values=nv, gamma=gamma_t, lmbda=0.8,
+                            time_dim=-1)
+    mc = rc.discounted_returns(r, term, trunc, next_values=nv, time_dim=-1)
+    vs, pg = rc.vtrace(lr, r, v, term, trunc, bootstrap_value=boot, rho_bar=1.2, time_dim=-1)
+    q = rc.retrace(lr, r, v, nv, term, trunc, lmbda=0.9, time_dim=-1)
     tr = rc.eligibility_traces(r.unsqueeze(-1).expand(-1, -1, 2), term | trunc, time_dim=-2)
-    cs = rc.episodic_cumsum(r, term)
-    h = rc.linear_recurrence(r, torch.sigmoid(v), reverse=False)
+    cs = rc.episodic_cumsum(r, term, time_dim=-1)
+    h = rc.linear_recurrence(r, torch.sigmoid(v), reverse=False, time_dim=-1)
     loss = (adv * 2).sum() + target.mean()  # ordinary ops around the estimators
     return loss, adv, lam, mc, vs, pg, q, tr, cs, h
 
@@ -56,8 +58,8 @@ def test_eager_calls_do_not_use_the_custom_op(monkeypatch):
 
     monkeypatch.setattr(_ops, "call", boom)
     r, v, lr, nv, term, trunc, boot = _data(3)
-    rc.gae(r, v, term, trunc)
-    rc.vtrace(lr, r, v, term, trunc)
+    rc.gae(r, v, term, trunc, time_dim=-1)
+    rc.vtrace(lr, r, v, term, trunc, time_dim=-1)
 
 
 def _cuda_or_skip():

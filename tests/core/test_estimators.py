@@ -236,7 +236,7 @@ def test_every_dtype_keeps_dtype(name, dtype, impl, gen, seed):
     else:
         args = [randn(gen, shape, dtype).to(impl.device),
                 uniform(gen, shape, 0.0, 1.0, dtype).to(impl.device)]
-        kwargs = {}
+        kwargs = dict(time_dim=-1)
     run_case(name, args, kwargs, impl=impl, dtype=dtype, seed=seed)
 
 
@@ -333,7 +333,7 @@ def test_nan_stays_in_its_stream(name, impl, gen, seed):
     else:
         args = [randn(gen, (B, T), dtype).to(impl.device),
                 uniform(gen, (B, T), 0.0, 1.0, dtype).to(impl.device)]
-        kwargs = dict(reverse=bool(seed % 2))
+        kwargs = dict(reverse=bool(seed % 2), time_dim=-1)
     data = 1 if name in ("vtrace", "retrace") else 0  # rewards / x / alpha
     args[data][b_nan, t_nan] = float("nan")
     backward = name in BACKWARD or kwargs.get("reverse", False)
@@ -403,9 +403,10 @@ def test_two_episodes_in_one_stream_equal_two_streams(name, impl, gen, seed):
             done = term[:, sl] | trunc[:, sl]
             kw = dict(gamma=gamma[:, sl].to(dev), lmbda=0.9) if name == "eligibility_traces" \
                 else {}
+            kw["time_dim"] = -1
             args = [x[:, sl].to(dev), done.to(dev)]
         else:
-            kw = dict(gamma=gamma[:, sl].to(dev))
+            kw = dict(gamma=gamma[:, sl].to(dev), time_dim=-1)
             args = [log_rhos[:, sl].to(dev)] if name in ("vtrace", "retrace") else []
             args.append(x[:, sl].to(dev))
             if name != "discounted_returns":
@@ -439,14 +440,14 @@ def test_integer_data_gives_float32(name, int_dtype, impl, gen, seed):
 
     done = (torch.rand(shape, generator=gen) < 0.2).to(dev)
     if name == "gae":
-        args, kw = [ints(), ints(), done], dict(gamma=0.9, lmbda=0.8)
+        args, kw = [ints(), ints(), done], dict(gamma=0.9, lmbda=0.8, time_dim=-1)
     elif name == "discounted_returns":
-        args, kw = [ints(), done], dict(gamma=0.9)
+        args, kw = [ints(), done], dict(gamma=0.9, time_dim=-1)
     elif name == "episodic_cumsum":  # running episode length: x = 1
-        args, kw = [torch.ones(shape, dtype=int_dtype, device=dev), done], {}
+        args, kw = [torch.ones(shape, dtype=int_dtype, device=dev), done], dict(time_dim=-1)
     else:
         args, kw = [ints(), torch.zeros(shape, dtype=int_dtype, device=dev) + (
-            int_dtype != torch.bool)], dict(reverse=False)
+            int_dtype != torch.bool)], dict(reverse=False, time_dim=-1)
     run_case(name, args, kw, impl=impl, dtype=torch.float32, seed=seed)
 
 
@@ -464,7 +465,7 @@ def test_retrace_from_actions_matches_reference(layout, next_given, impl, gen, s
     log_mu = torch.log(uniform(gen, (B, T), 0.1, 1.0, dtype))
     rewards = randn(gen, (B, T), dtype)
     term, trunc = make_flags(gen, (B, T), "random", "bool", dtype)
-    kw = dict(gamma=0.95, lmbda=0.9, c_bar=1.2)
+    kw = dict(gamma=0.95, lmbda=0.9, c_bar=1.2, time_dim=-1)
     if next_given:
         nq = randn(gen, (B, T, A), dtype)
         nprobs = torch.softmax(randn(gen, (B, T, A), dtype), -1)
@@ -481,7 +482,7 @@ def test_retrace_from_actions_matches_reference(layout, next_given, impl, gen, s
     log_rhos = probs.gather(-1, idx)[..., 0].log() - log_mu
     e = ref("expected_next_q_from_actions")(nprobs, nq)
     expected = ref("retrace")(log_rhos, rewards, q_taken, e, term, trunc, **{
-        k: kw[k] for k in ("gamma", "lmbda", "c_bar")})
+        k: kw[k] for k in ("gamma", "lmbda", "c_bar", "time_dim")})
     step_args = [actions, log_mu, rewards, term, trunc]
     act_args = [q, probs]
     if layout == "time_major":  # [T, B] and [T, B, A], time_dim=0

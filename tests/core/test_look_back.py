@@ -82,8 +82,8 @@ def test_look_back_non_finite_stays_local(reverse, lb):
     beta = torch.full((2, T), 0.5, dtype=torch.float64)
     bad = 16 if reverse else 31  # the last step, in scan order, of segment 1
     x[0, bad] = float("nan")
-    want = ref.linear_recurrence(x, beta, reverse=reverse)
-    got = rc.linear_recurrence(x, beta, reverse=reverse)
+    want = ref.linear_recurrence(x, beta, reverse=reverse, time_dim=-1)
+    got = rc.linear_recurrence(x, beta, reverse=reverse, time_dim=-1)
     assert lb and lb[0][2] == [4]
     bad_steps = (torch.isnan(got) & ~torch.isnan(want)).nonzero().tolist()
     assert not bad_steps, f"NaN where the reference is finite: {bad_steps}"

@@ -266,12 +266,12 @@ def _bad_call(which, dev, make_out):
         buf = torch.zeros(3 + 21, device=dev)
         boot = buf[:3]
         return rc.gae(r, v, term, trunc, bootstrap_value=boot,
-                      out=make_out(dev, (r, v, term, trunc, boot, buf)))
+                      out=make_out(dev, (r, v, term, trunc, boot, buf)), time_dim=-1)
     a = torch.randn(3, 7, device=dev)
     b = torch.rand(3, 7, device=dev)
     buf = torch.zeros(3 + 21, device=dev)
     init = buf[:3]
-    return rc.linear_recurrence(a, b, init=init, out=make_out(dev, (a, b, init, buf)))
+    return rc.linear_recurrence(a, b, init=init, out=make_out(dev, (a, b, init, buf)), time_dim=-1)
 
 
 def test_enough_bad_out_cases():
@@ -330,9 +330,9 @@ def test_out_with_autograd_raises(name, who, impl, gen):
 
 def _step(r, v, term, trunc, boot, adv, tgt, lam, h):
     a, t = rc.gae(r, v, term, trunc, bootstrap_value=boot, gamma=0.97, lmbda=0.9,
-                  out=(adv, tgt))
-    lam_ = rc.lambda_returns(r, v, term, trunc, bootstrap_value=boot, out=lam)
-    h_ = rc.linear_recurrence(r, torch.sigmoid(v), reverse=False, out=h)
+                  out=(adv, tgt), time_dim=-1)
+    lam_ = rc.lambda_returns(r, v, term, trunc, bootstrap_value=boot, out=lam, time_dim=-1)
+    h_ = rc.linear_recurrence(r, torch.sigmoid(v), reverse=False, out=h, time_dim=-1)
     return (a * 2).sum() + t.mean() + lam_.sum() + h_.sum(), (a, t, lam_, h_)
 
 
@@ -425,21 +425,22 @@ def test_cached_plan_is_keyed_on_out(gen, monkeypatch, tuned):
                         lambda self, args, device: replays.append(args) or True)
     a = torch.randn(3, 16, generator=gen)
     b = torch.rand(3, 16, generator=gen)
-    rc.linear_recurrence(a, b, out=torch.empty(3, 16))
+    rc.linear_recurrence(a, b, out=torch.empty(3, 16), time_dim=-1)
     assert len(_dispatch._PLANS) == 1
-    rc.linear_recurrence(a, b, out=torch.empty(16, 3).T)  # other strides
-    rc.linear_recurrence(a, b, out=torch.empty(3, 16, dtype=torch.float64))  # other dtype
-    rc.linear_recurrence(a, b)  # no out
+    rc.linear_recurrence(a, b, out=torch.empty(16, 3).T, time_dim=-1)  # other strides
+    rc.linear_recurrence(a, b, out=torch.empty(3, 16, dtype=torch.float64),
+                         time_dim=-1)  # other dtype
+    rc.linear_recurrence(a, b, time_dim=-1)  # no out
     assert len(_dispatch._PLANS) == 4 and not replays
-    rc.linear_recurrence(a, b, out=torch.empty(3, 16))
+    rc.linear_recurrence(a, b, out=torch.empty(3, 16), time_dim=-1)
     assert len(replays) == 1
     buf = torch.empty(2, 3, 16)
     a2 = buf[0]
     a2.copy_(a)
     with pytest.raises(ValueError, match="out"):  # the plan's key matches; its check does not
-        rc.linear_recurrence(a2, b, out=a2)
+        rc.linear_recurrence(a2, b, out=a2, time_dim=-1)
     with pytest.raises(ValueError, match="out"):
-        rc.linear_recurrence(a2, b, out=buf.view(-1)[8:56].view(3, 16))
+        rc.linear_recurrence(a2, b, out=buf.view(-1)[8:56].view(3, 16), time_dim=-1)
     assert len(replays) == 1
-    rc.linear_recurrence(a2, b, out=buf[1])  # adjacent, not overlapping: replayed
+    rc.linear_recurrence(a2, b, out=buf[1], time_dim=-1)  # adjacent, not overlapping: replayed
     assert len(replays) == 2 and replays[1][0] is not None

@@ -25,25 +25,29 @@ def _inputs(gen, shape, device):
 
 CASES = {
     "gae": lambda r, v, lr, nv, te, tr, b: (rc.gae, ref.gae, (r, v, te, tr),
-                                            dict(bootstrap_value=b, lmbda=0.9)),
+                                            dict(bootstrap_value=b, lmbda=0.9, time_dim=-1)),
     "lambda_returns": lambda r, v, lr, nv, te, tr, b: (
-        rc.lambda_returns, ref.lambda_returns, (r, v, te, tr), dict(next_values=nv, lmbda=0.8)),
+        rc.lambda_returns, ref.lambda_returns, (r, v, te, tr),
+        dict(next_values=nv, lmbda=0.8, time_dim=-1)),
     "discounted_returns": lambda r, v, lr, nv, te, tr, b: (
-        rc.discounted_returns, ref.discounted_returns, (r, te, tr), dict(bootstrap_value=b)),
+        rc.discounted_returns, ref.discounted_returns, (r, te, tr),
+        dict(bootstrap_value=b, time_dim=-1)),
     "vtrace": lambda r, v, lr, nv, te, tr, b: (
         rc.vtrace, ref.vtrace, (lr, r, v, te, tr), dict(bootstrap_value=b, lmbda=0.9,
-                                                        rho_bar=1.3, c_bar=0.9)),
+                                                        rho_bar=1.3, c_bar=0.9, time_dim=-1)),
     "retrace": lambda r, v, lr, nv, te, tr, b: (
-        rc.retrace, ref.retrace, (lr, r, v, nv, te, tr), dict(lmbda=0.9, c_bar=1.1)),
+        rc.retrace, ref.retrace, (lr, r, v, nv, te, tr), dict(lmbda=0.9, c_bar=1.1, time_dim=-1)),
     "eligibility_traces": lambda r, v, lr, nv, te, tr, b: (
-        rc.eligibility_traces, ref.eligibility_traces, (r, te | tr), dict(gamma=0.9, init=b)),
+        rc.eligibility_traces, ref.eligibility_traces, (r, te | tr),
+        dict(gamma=0.9, init=b, time_dim=-1)),
     "episodic_cumsum": lambda r, v, lr, nv, te, tr, b: (
-        rc.episodic_cumsum, ref.episodic_cumsum, (r, te), dict(init=b)),
+        rc.episodic_cumsum, ref.episodic_cumsum, (r, te), dict(init=b, time_dim=-1)),
     "linear_recurrence": lambda r, v, lr, nv, te, tr, b: (
-        rc.linear_recurrence, ref.linear_recurrence, (r, torch.sigmoid(v)), dict(init=b)),
+        rc.linear_recurrence, ref.linear_recurrence, (r, torch.sigmoid(v)),
+        dict(init=b, time_dim=-1)),
     "linear_recurrence_fwd": lambda r, v, lr, nv, te, tr, b: (
         rc.linear_recurrence, ref.linear_recurrence, (r, torch.sigmoid(v)),
-        dict(init=b, reverse=False)),
+        dict(init=b, reverse=False, time_dim=-1)),
 }
 
 

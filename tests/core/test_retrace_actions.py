@@ -34,14 +34,14 @@ def test_bad_inputs_name_the_argument(bad, match, exc, monkeypatch):
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
     args = bad(*_inputs())
     with pytest.raises(exc, match=match):
-        rc.retrace_from_actions(*args)
+        rc.retrace_from_actions(*args, time_dim=-1)
 
 
 def test_next_tensors_go_together(monkeypatch):
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
     q, p, a, m, r, t = _inputs()
     with pytest.raises(ValueError, match="next_q_values and next_target_probs"):
-        rc.retrace_from_actions(q, p, a, m, r, t, next_q_values=q)
+        rc.retrace_from_actions(q, p, a, m, r, t, next_q_values=q, time_dim=-1)
 
 
 def test_zero_behaviour_probability_clips_the_trace(monkeypatch):
@@ -50,13 +50,13 @@ def test_zero_behaviour_probability_clips_the_trace(monkeypatch):
     q, p, a, m, r, t = _inputs()
     m = m.clone()
     m[:, 2] = -math.inf
-    got = rc.retrace_from_actions(q, p, a, m, r, t, gamma=0.9, lmbda=0.8, c_bar=1.0)
+    got = rc.retrace_from_actions(q, p, a, m, r, t, gamma=0.9, lmbda=0.8, c_bar=1.0, time_dim=-1)
     assert torch.isfinite(got).all()
     idx = a.unsqueeze(-1)
     log_rhos = p.gather(-1, idx).squeeze(-1).log() - m
     e = torch.cat([(p[:, 1:] * q[:, 1:]).sum(-1), torch.zeros(2, 1, dtype=q.dtype)], 1)
     want = ref.retrace(log_rhos, r, q.gather(-1, idx).squeeze(-1), e, t, gamma=0.9, lmbda=0.8,
-                       c_bar=1.0)
+                       c_bar=1.0, time_dim=-1)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -70,6 +70,6 @@ def test_truncation_hand_checked(monkeypatch):
     e = torch.tensor([3.0, 4.0], dtype=torch.float64)
     term = torch.tensor([False, False])
     trunc = torch.tensor([True, False])
-    got = rc.retrace(log_rhos, r, q, e, term, trunc, gamma=0.5, lmbda=1.0)
+    got = rc.retrace(log_rhos, r, q, e, term, trunc, gamma=0.5, lmbda=1.0, time_dim=-1)
     torch.testing.assert_close(got, torch.tensor([1.0 + 0.5 * 3.0, 2.0 + 0.5 * 4.0],
                                                  dtype=torch.float64))

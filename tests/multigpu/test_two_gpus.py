@@ -81,7 +81,7 @@ def test_gradients_on_the_inputs_device():
     torch.cuda.set_device(0)
     r, v, te, tr = _calls("cuda:1")["gae"]
     r = r.clone().requires_grad_(True)
-    adv, _ = rc.gae(r, v, te, tr)
+    adv, _ = rc.gae(r, v, te, tr, time_dim=-1)
     with _kernels_on(1):  # the fused backward's kernel
         adv.sum().backward()
     assert r.grad.device == torch.device("cuda:1") and torch.isfinite(r.grad).all()
@@ -90,7 +90,7 @@ def test_gradients_on_the_inputs_device():
 def test_mixed_devices_are_refused():
     r, v, te, tr = _calls("cuda:0")["gae"]
     with pytest.raises(ValueError, match="values is on cuda:1"):
-        rc.gae(r, v.to("cuda:1"), te, tr)
+        rc.gae(r, v.to("cuda:1"), te, tr, time_dim=-1)
 
 
 def _ddp_worker(rank, world, port, out_path):
@@ -105,7 +105,7 @@ def _ddp_worker(rank, world, port, out_path):
     rewards = torch.randn(8, 64, generator=g).to(dev)
     term = (torch.rand(8, 64, generator=g) < 0.05).to(dev)
     values = model(obs).squeeze(-1)
-    adv, target = rc.gae(rewards, values.detach(), term, gamma=0.99, lmbda=0.95)
+    adv, target = rc.gae(rewards, values.detach(), term, gamma=0.99, lmbda=0.95, time_dim=-1)
     loss = ((values - target) ** 2).mean()
     loss.backward()
     torch.save({"adv": adv.cpu(), "target": target.cpu()}, f"{out_path}.{rank}")
@@ -129,5 +129,5 @@ def test_ddp_step_matches_single_gpu(tmp_path):
         rewards = torch.randn(8, 64, generator=g)
         term = torch.rand(8, 64, generator=g) < 0.05
         values = got["target"] - got["adv"]  # the values the rank used
-        adv, target = ref.gae(rewards, values, term, gamma=0.99, lmbda=0.95)
+        adv, target = ref.gae(rewards, values, term, gamma=0.99, lmbda=0.95, time_dim=-1)
         torch.testing.assert_close(got["adv"].double(), adv, rtol=1e-5, atol=1e-5)
