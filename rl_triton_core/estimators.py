@@ -353,7 +353,8 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         # read once (shifting them first copied both of them)
         e_own = (target_probs * q_values).sum(-1)
         e_boot = (boot[1] * boot[0]).sum(-1).unsqueeze(td)
-        expected_next_q = torch.cat([e_own.narrow(td, 1, step_shape[td] - 1), e_boot], td)
+        expected_next_q = (torch.cat([e_own.narrow(td, 1, step_shape[td] - 1), e_boot], td)
+                           if step_shape[td] else e_own)
     else:
         expected_next_q = (next_target_probs * next_q_values).sum(-1)
     return retrace(log_rhos, rewards, q_taken, expected_next_q, terminated, truncated,

@@ -350,10 +350,9 @@ def draw_case(p: dict, rng: random.Random, gen: torch.Generator, device, tiny=Fa
     feat = [_size(rng, c, tiny) for c in p["feat"]]
     T = _T(rng, p)
     if not tiny and rng.random() < 0.02:  # T = 0 or a batch axis of 0
-        # retrace_from_actions raises on T = 0 (test_fuzz.py's xfail shows it)
-        if lead and (rng.random() < 0.5 or name == "retrace_from_actions"):
+        if lead and rng.random() < 0.5:
             lead[0] = 0
-        elif name != "retrace_from_actions":
+        else:
             T = 0
     # keep a long stream's batch small (the oracle loops over T)
     budget = 20_000 if device != "cuda" else 200_000

@@ -66,11 +66,8 @@ def test_fuzz_interpreter(name, seed, monkeypatch):
     run_chunk(name, seed, n, n, "cpu", tiny=True, slow_every=1)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="retrace_from_actions on an empty time axis: torch.narrow(td, 1, -1) "
-                          "raises where the other estimators return empty outputs")
 def test_retrace_from_actions_empty_time_axis(monkeypatch):
-    """Found by the fuzz (excluded there until fixed): T = 0 should give an empty result."""
+    """Found by the fuzz: T = 0 gives an empty result (torch.narrow(td, 1, -1) raised)."""
     import rl_triton_core as rc
 
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
