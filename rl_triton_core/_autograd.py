@@ -152,6 +152,15 @@ def _flags(terminated, truncated, dtype, shape=None):
     return term, done
 
 
+def _cut(flag, x):
+    """0 where ``flag`` (a float 0/1 tensor) is set, else ``x``: a select, never
+    ``(1 - flag) * x``, so a NaN or inf in ``x`` behind a set flag (another episode's)
+    stays there."""
+    if not isinstance(x, torch.Tensor):
+        x = torch.full((), x, dtype=flag.dtype, device=flag.device)
+    return torch.where(flag != 0, 0.0, x)
+
+
 def _grad(g, shape, dtype, device) -> torch.Tensor:
     """An upstream gradient in the backward's dtype, contiguous (zeros where None)."""
     if g is None:
@@ -226,16 +235,17 @@ def returns_backward(gae: bool, s: Saved, terminated, truncated, grads):
     if gae:
         g_adv, g_target = (_grad(g, shape, dtype, device) for g in grads)
         g_h = g_adv + g_target
-        beta = gamma * lmbda * (1.0 - done)
-        a_v_next = gamma * (1.0 - term)
+        beta = _cut(done, gamma * lmbda)
+        a_v_next = gamma
     else:
         g_target = None
         g_h = _grad(grads[0], shape, dtype, device)
-        c = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
-        beta = gamma * (1.0 - term) * lmbda * c
-        a_v_next = gamma * (1.0 - term) * (1.0 - lmbda * c)
+        lc = _cut(torch.maximum(done, _last(shape, td, dtype, device)), lmbda)  # lambda c_t
+        beta = _cut(term, gamma * lc)
+        a_v_next = gamma * (1.0 - lc)
+    # (a zero beta drops the carry in the scan; the V' term is cut by terminated)
     u = _scan(g_h, _prev(torch.broadcast_to(beta, shape), td), reverse=False, td=td)
-    g_vnext = torch.broadcast_to(a_v_next * u, shape)
+    g_vnext = torch.broadcast_to(_cut(term, a_v_next * u), shape)
     g_values = g_next = g_boot = None
     if has_v:
         g_values = -u + g_target if gae else torch.zeros_like(u)
@@ -279,11 +289,10 @@ def _returns_backward_fused(gae, s, terminated, truncated, grads, dtype):
     if has_nv:  # dL/dV'_t = a_t u_t
         gamma_c, lmbda_c = (_coef(c, dtype, device) for c in s.coefs)
         term, done = _flags(terminated, truncated, dtype)
-        a = gamma_c * (1.0 - term)
+        a = gamma_c
         if not gae:
-            c = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
-            a = a * (1.0 - lmbda_c * c)
-        g_next = torch.broadcast_to(a * u, shape)
+            a = a * (1.0 - _cut(torch.maximum(done, _last(shape, td, dtype, device)), lmbda_c))
+        g_next = torch.broadcast_to(_cut(term, a * u), shape)
     elif has_boot:  # V'_{T-1} = bootstrap_value: a_{T-1} = gamma_{T-1} (1 - term_{T-1}) in both
         g_boot = _boot_grad(gamma, terminated, u, shape, td, dtype, device)
         g_boot = g_boot.sum_to_size(s.side_shape)
@@ -323,17 +332,16 @@ def vtrace_backward(s: Saved, log_rhos, terminated, truncated, g_vs, g_pg):
     ratio = log_rhos.detach().to(dtype).exp()
     rho = _min(ratio, rho_bar)
     pgrho = _min(ratio, pg_rho_bar)
-    beta = torch.broadcast_to(gamma * (1.0 - done) * lmbda * _min(ratio, c_bar), shape)
-    gnt = gamma * (1.0 - term)
-    cont = (1.0 - done) * (1.0 - _last(shape, td, dtype, device))
+    beta = torch.broadcast_to(_cut(done, gamma * lmbda * _min(ratio, c_bar)), shape)
+    stop = torch.maximum(done, _last(shape, td, dtype, device))  # 1 - cont
     gv = _grad(g_vs, shape, dtype, device)
     gp = _grad(g_pg, shape, dtype, device)
-    gvs = gv + _prev(pgrho * gnt * cont * gp, td)  # pg_{t-1} reads vs_t
+    gvs = gv + _prev(_cut(stop, pgrho * gamma * gp), td)  # pg_{t-1} reads vs_t
     u = _scan(gvs, _prev(beta, td), reverse=False, td=td)
     ru, pgg = rho * u, pgrho * gp
     g_rewards = ru + pgg
     g_values = gvs - ru - pgg
-    g_vnext = torch.broadcast_to(gnt * (ru + pgg * (1.0 - cont)), shape)
+    g_vnext = torch.broadcast_to(_cut(term, gamma * (ru + _cut(1.0 - stop, pgg))), shape)
     g_next = g_boot = None
     if has_nv:
         g_next = g_vnext
@@ -416,14 +424,20 @@ def forward_scan_backward(s: Saved, done, g, need_init: bool):
     if fused:  # the kernel's trace mode run backward: one pass, no coefficients
         u = _trace_adjoint_fused(s, g, done, feat, dtype)
     else:
-        notdone = (done == 0).to(dtype).reshape(tuple(done.shape) + (1,) * feat)
+        done_b = (done != 0).to(dtype).reshape(tuple(done.shape) + (1,) * feat)
         u = _scan(_grad(g, shape, dtype, device),
-                  torch.broadcast_to(decay * notdone, shape), reverse=True, td=td)
+                  torch.broadcast_to(_cut(done_b, decay), shape), reverse=True, td=td)
     g_init = None
     if has_init:
         d0 = torch.broadcast_to(decay, shape).select(td, 0) \
             if isinstance(decay, torch.Tensor) else decay
-        g_init = (u.select(td, 0) * d0).sum_to_size(s.side_shape).to(out_dtype)
+        # a zero decay drops init (the forward's carry rule): its gradient is exactly 0
+        u0 = u.select(td, 0)
+        if isinstance(d0, torch.Tensor):
+            g_init = torch.where(d0 == 0, 0.0, u0 * d0)
+        else:
+            g_init = u0 * d0 if d0 != 0 else torch.zeros_like(u0)
+        g_init = g_init.sum_to_size(s.side_shape).to(out_dtype)
     return u.to(out_dtype), g_init
 
 
@@ -487,7 +501,9 @@ def linrec_backward(s: Saved, reverse, beta, init, h, g, needs):
             h_other = torch.cat([edge, hd.narrow(td, 0, T - 1)], td)
         g_beta = (u * h_other).sum_to_size(beta_shape).to(out_dtype)
     if need_i and init is not None:
-        g_init = (u.select(td, k) * b.select(td, k)).sum_to_size(init_shape).to(out_dtype)
+        bk = b.select(td, k)  # a zero beta drops init: its gradient is exactly 0
+        g_init = torch.where(bk == 0, 0.0, u.select(td, k) * bk)
+        g_init = g_init.sum_to_size(init_shape).to(out_dtype)
     return u.to(out_dtype) if need_a else None, g_beta, g_init
 
 

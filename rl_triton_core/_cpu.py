@@ -87,7 +87,7 @@ def _coefficients(MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, 
         gamma = float(g[i, j, tp]) if G_TENSOR else gs
         lmbda = float(lm[i, j, tp]) if L_TENSOR else lms
         notdone = (0.0 if term[i, j, tp] != 0 else 1.0) if t >= 1 else 1.0
-        return xt, gamma * lmbda * notdone, xt, 0.0, 0.0, 0.0, False
+        return xt, gamma * lmbda if notdone != 0.0 else 0.0, xt, 0.0, 0.0, 0.0, False
     gamma = float(g[i, j, t]) if G_TENSOR else gs
     lmbda = float(lm[i, j, t]) if L_TENSOR else lms
     # a flag is set where nonzero (2.0, -1, NaN), read here in the flag's own dtype (bool
@@ -102,13 +102,14 @@ def _coefficients(MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, 
         nvt = vnext
     else:
         nvt = float(boot[i, j]) if HAS_BOOT else 0.0
-    gnt = gamma * (1.0 - te)
+    # a set flag cuts by a select, never a product: 0 * NaN is NaN (semantics.md)
+    bnv = 0.0 if te != 0.0 else gamma * nvt
     if MODE == MODE_GAE:
-        return xt + gnt * nvt - vt, gamma * lmbda * (1.0 - done), vt, 0.0, 0.0, 0.0, False
+        return xt + bnv - vt, 0.0 if done != 0.0 else gamma * lmbda, vt, 0.0, 0.0, 0.0, False
     if MODE == MODE_TDLAMBDA:
-        c = 0.0 if t == T - 1 else 1.0 - done
-        return (xt + gnt * (1.0 - lmbda * c) * nvt, gnt * lmbda * c, vt, 0.0, 0.0, 0.0,
-                False)
+        lc = 0.0 if (t == T - 1) | (done != 0.0) else lmbda
+        return (xt + (0.0 if te != 0.0 else gamma * (1.0 - lc) * nvt),
+                0.0 if te != 0.0 else gamma * lc, vt, 0.0, 0.0, 0.0, False)
     if MODE == MODE_VTRACE:
         ratio = np.exp(float(rho[i, j, t]))
         rbt = float(rb[i, j, t]) if RB_TENSOR else rbs
@@ -116,10 +117,10 @@ def _coefficients(MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, 
         pbt = float(pb[i, j, t]) if PB_TENSOR else pbs
         pgrho = min(ratio, pbt)
         cont = done == 0.0 and t < T - 1
-        p0 = pgrho * (xt - vt + (0.0 if cont else gnt * nvt))
-        return (min(ratio, rbt) * (xt + gnt * nvt - vt),
-                gamma * (1.0 - done) * lmbda * min(ratio, cbt), vt, p0, pgrho * gnt, vnext,
-                cont)
+        p0 = pgrho * (xt - vt + (0.0 if cont else bnv))
+        return (min(ratio, rbt) * (xt + bnv - vt),
+                0.0 if done != 0.0 else gamma * lmbda * min(ratio, cbt), vt, p0, pgrho * gamma,
+                vnext, cont)
     # Retrace: the trace of step t uses the ratio (lambda, c_bar) of step t+1
     c_next = 0.0
     if t + 1 < T:
@@ -127,7 +128,7 @@ def _coefficients(MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, 
         lnext = float(lm[i, j, t + 1]) if L_TENSOR else lms
         cbt = float(cb[i, j, t + 1]) if CB_TENSOR else cbs
         c_next = lnext * min(ratio, cbt)
-    return xt + gnt * nvt - vt, gamma * (1.0 - done) * c_next, vt, 0.0, 0.0, 0.0, False
+    return xt + bnv - vt, 0.0 if done != 0.0 else gamma * c_next, vt, 0.0, 0.0, 0.0, False
 
 
 def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT, G_TENSOR,
@@ -151,7 +152,8 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
             lo = s * seg_len
             hi = min(lo + seg_len, T)
             if phase == 1:
-                # each segment's composed map h_in -> a + b * h_in
+                # each segment's composed map h_in -> a + b * h_in; a zero beta drops the
+                # carry (h = alpha, even for a NaN h), so a zero factor makes b exactly 0
                 a = 0.0
                 b = 1.0
                 for k in range(hi - lo):
@@ -160,8 +162,8 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
                         MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, RB_TENSOR,
                         CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, lm, gs,
                         lms, rho, rb, cb, pb, rbs, cbs, pbs)
-                    a = al + be * a
-                    b = be * b
+                    a = al if be == 0.0 else al + be * a
+                    b = 0.0 if (be == 0.0) | (b == 0.0) else be * b
                 ws_a[n, s] = a
                 ws_b[n, s] = b
                 continue
@@ -169,10 +171,10 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
             h = float(init[i, j]) if HAS_INIT else 0.0
             if REVERSE:
                 for q in range(S - 1, s, -1):
-                    h = ws_a[n, q] + ws_b[n, q] * h
+                    h = ws_a[n, q] if ws_b[n, q] == 0.0 else ws_a[n, q] + ws_b[n, q] * h
             else:
                 for q in range(s):
-                    h = ws_a[n, q] + ws_b[n, q] * h
+                    h = ws_a[n, q] if ws_b[n, q] == 0.0 else ws_a[n, q] + ws_b[n, q] * h
             for k in range(hi - lo):
                 t = hi - 1 - k if REVERSE else lo + k
                 al, be, vt, p0, p1, vnext, cont = _coefficients(
@@ -180,7 +182,7 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
                     CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, lm, gs, lms,
                     rho, rb, cb, pb, rbs, cbs, pbs)
                 d_next = h
-                h = al + be * h
+                h = al if be == 0.0 else al + be * h
                 if MODE == MODE_VTRACE:
                     out0[i, j, t] = h + vt
                     out1[i, j, t] = p0 + (p1 * (vnext + d_next) if cont else 0.0)

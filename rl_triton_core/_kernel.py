@@ -65,8 +65,20 @@ K_INIT = tl.constexpr(13)
 
 @triton.jit
 def _combine(a1, b1, a2, b2):
-    # (a1, b1) is applied first, then (a2, b2): h -> a2 + b2 * (a1 + b1 * h)
-    return a2 + b2 * a1, b1 * b2
+    # (a1, b1) is applied first, then (a2, b2): h -> a2 + b2 * (a1 + b1 * h). A zero beta
+    # drops the carry (h -> a, also for a NaN or inf h: a done flag cuts everything), so
+    # a zero b2 makes the composed map constant (b = 0 even where b1 is NaN or inf). A
+    # zero b1 with an infinite b2 gives b = NaN, not 0: only an infinite beta inside one
+    # episode sees it (its non-finite output stays non-finite); not tested, to keep the
+    # combine at one compare and two selects
+    cut = b2 == 0
+    return tl.where(cut, a2, a2 + b2 * a1), tl.where(cut, 0.0, b1 * b2)
+
+
+@triton.jit
+def _apply(a, b, h):
+    """The map (a, b) applied to the carry h: a + b * h, exactly a where b == 0."""
+    return tl.where(b == 0, a, a + b * h)
 
 
 @triton.jit
@@ -218,19 +230,20 @@ def _trace(X, TERM, G, L, g, lm, LO, STR, o1, o2, t, m, UNIFORM: tl.constexpr,
     x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
     term_p, done_p, gamma, lmbda = _step(TERM, None, G, L, g, lm, LO, STR, o1, o2, tp, m_p, m,
                                          UNIFORM, FP64)
-    return x, gamma * lmbda * (1.0 - done_p)
+    return x, tl.where(done_p != 0, 0.0, gamma * lmbda)
 
 
 @triton.jit
 def _gae(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR, o1, o2, t, m, T,
          UNIFORM: tl.constexpr, FP64: tl.constexpr):
     """alpha_t = r_t + gamma (1 - term_t) V'_t - V_t, beta_t = gamma lambda (1 - done_t);
-    then V_t (the targets add it)."""
+    then V_t (the targets add it). Every (1 - flag) x is a select where(flag, 0, x) here
+    and below (0 * NaN is NaN: a done flag cuts everything)."""
     term, done, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m, m,
                                      UNIFORM, FP64)
     v, vnext, nv = _next_value(V, NV, boot, STR, o1, o2, t, m, T, UNIFORM, FP64)
     x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
-    return x + gamma * (1.0 - term) * nv - v, gamma * lmbda * (1.0 - done), v
+    return x + tl.where(term != 0, 0.0, gamma * nv) - v, tl.where(done != 0, 0.0, gamma * lmbda), v
 
 
 @triton.jit
@@ -242,9 +255,9 @@ def _tdlambda(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR, o1, o2, t, m, T
                                      UNIFORM, FP64)
     v, vnext, nv = _next_value(V, NV, boot, STR, o1, o2, t, m, T, UNIFORM, FP64)
     x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
-    c = tl.where(t == T - 1, 0.0, 1.0 - done)
-    gnt = gamma * (1.0 - term)
-    return x + gnt * (1.0 - lmbda * c) * nv, gnt * lmbda * c
+    lc = tl.where((t == T - 1) | (done != 0), 0.0, lmbda)  # lambda c_t
+    cut = term != 0
+    return x + tl.where(cut, 0.0, gamma * (1.0 - lc) * nv), tl.where(cut, 0.0, gamma * lc)
 
 
 @triton.jit
@@ -260,10 +273,12 @@ def _vtrace(X, V, NV, TERM, TRUNC, RHO, G, L, RB, CB, PB, boot, g, lm, rb, cb, p
     rho = tl.minimum(ratio, _coef(RB, K_RB, rb, LO, 2, STR, o1, o2, t, m, UNIFORM, FP64))
     c = lmbda * tl.minimum(ratio, _coef(CB, K_CB, cb, LO, 3, STR, o1, o2, t, m, UNIFORM, FP64))
     pgrho = tl.minimum(ratio, _coef(PB, K_PB, pb, LO, 4, STR, o1, o2, t, m, UNIFORM, FP64))
-    gnt = gamma * (1.0 - term)
+    bnv = tl.where(term != 0, 0.0, gamma * nv)
     cont = (done == 0.0) & (t < T - 1)
-    p0 = pgrho * (x - v + tl.where(cont, 0.0, gnt * nv))
-    return rho * (x + gnt * nv - v), gamma * (1.0 - done) * c, v, p0, pgrho * gnt, vnext, cont
+    p0 = pgrho * (x - v + tl.where(cont, 0.0, bnv))
+    # p1 is read only where cont (not terminated): pgrho gamma
+    return (rho * (x + bnv - v), tl.where(done != 0, 0.0, gamma * c), v, p0, pgrho * gamma,
+            vnext, cont)
 
 
 @triton.jit
@@ -281,7 +296,7 @@ def _retrace(X, V, NV, TERM, TRUNC, RHO, G, L, CB, g, lm, cb, LO, STR, o1, o2, t
     lnext = _coef(L, K_LM, lm, LO, 1, STR, o1, o2, t + 1, mn, UNIFORM, FP64)
     cbn = _coef(CB, K_CB, cb, LO, 3, STR, o1, o2, t + 1, mn, UNIFORM, FP64)
     c_next = tl.where(t + 1 < T, lnext * tl.minimum(ratio, cbn), 0.0)
-    return x + gamma * (1.0 - term) * e - q, gamma * (1.0 - done) * c_next, q
+    return x + tl.where(term != 0, 0.0, gamma * e) - q, tl.where(done != 0, 0.0, gamma * c_next), q
 
 
 @triton.jit
@@ -290,7 +305,8 @@ def _returns_bwd(X, V, TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m,
     """The adjoint of GAE (IS_GAE) or TD(lambda), a forward scan: X = dL/dadvantages or
     dL/dreturns, V = dL/dtargets (GAE); u_t = g_t + beta_{t-1} u_{t-1} with every
     coefficient the forward's at t-1 (0 at t = 0). (alpha, beta), then the upstream
-    target gradient and a_{t-1}, the values' gradient factor of u_{t-1}."""
+    target gradient, a_{t-1}, the values' gradient factor of u_{t-1}, and where that
+    term is cut (t = 0 or terminated_{t-1}: the store selects 0 there)."""
     tp = tl.maximum(t - 1, 0)
     term_p, done_p, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, tp,
                                          m & (t >= 1), m, UNIFORM, FP64)
@@ -299,14 +315,15 @@ def _returns_bwd(X, V, TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m,
         gt = _ld(V, K_V, STR, o1, o2, t, m, UNIFORM, FP64)
     else:
         gt = x * 0.0
-    a_p = gamma * (1.0 - term_p)
-    if IS_GAE:
-        beta = gamma * lmbda * (1.0 - done_p)
-    else:
-        beta = a_p * lmbda * (1.0 - done_p)
-        a_p = a_p * (1.0 - lmbda * (1.0 - done_p))
     first = t < 1
-    return x + gt, tl.where(first, 0.0, beta), gt, tl.where(first, 0.0, a_p)
+    if IS_GAE:
+        beta = tl.where(first | (done_p != 0), 0.0, gamma * lmbda)
+        a_p = gamma
+    else:
+        lc = tl.where(done_p != 0, 0.0, lmbda)
+        beta = tl.where(first | (term_p != 0), 0.0, gamma * lc)
+        a_p = gamma * (1.0 - lc)
+    return x + gt, beta, gt, a_p, first | (term_p != 0)
 
 
 @triton.jit
@@ -317,7 +334,8 @@ def _vtrace_bwd(X, V, TERM, TRUNC, RHO, G, L, RB, CB, PB, g, lm, rb, cb, pb, LO,
     t-1 (0 at t = 0), rho and the pg clip at t. (alpha, beta), then for the store
     dL/drewards = p1 u + p0 and dL/dvalues = g_vs - dL/dr + vnext dL/dr_{t-1}, where
     dL/dr_{t-1} = cont u_{t-1} + extra at a segment's first step: (x, p0, p1, vnext,
-    cont, extra)."""
+    cont, extra, cut), the vnext term selected away where cut (t = 0 or
+    terminated_{t-1})."""
     tp = tl.maximum(t - 1, 0)
     mp = m & (t >= 1)
     term_p, done_p, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, tp, mp, m,
@@ -333,12 +351,12 @@ def _vtrace_bwd(X, V, TERM, TRUNC, RHO, G, L, RB, CB, PB, g, lm, rb, cb, pb, LO,
     pb_t = _coef(PB, K_PB, pb, LO, 4, STR, o1, o2, t, m, UNIFORM, FP64)
     pb_p = _coef(PB, K_PB, pb, LO, 4, STR, o1, o2, tp, m, UNIFORM, FP64)
     first = t < 1
-    gnt_p = tl.where(first, 0.0, gamma * (1.0 - term_p))
+    stop_p = first | (done_p != 0)
     pgg_p = tl.minimum(ratio_p, pb_p) * gp_p
-    beta = tl.where(first, 0.0, gamma * (1.0 - done_p) * lmbda * tl.minimum(ratio_p, cb_p))
-    alpha = x + gnt_p * (1.0 - done_p) * pgg_p  # + K_{t-1}
-    return (alpha, beta, x, tl.minimum(ratio, pb_t) * gp, tl.minimum(ratio, rb_t), gnt_p,
-            tl.minimum(ratio_p, rb_p), pgg_p)
+    beta = tl.where(stop_p, 0.0, gamma * lmbda * tl.minimum(ratio_p, cb_p))
+    alpha = x + tl.where(stop_p, 0.0, gamma * pgg_p)  # + K_{t-1}
+    return (alpha, beta, x, tl.minimum(ratio, pb_t) * gp, tl.minimum(ratio, rb_t), gamma,
+            tl.minimum(ratio_p, rb_p), pgg_p, first | (term_p != 0))
 
 
 @triton.jit
@@ -369,7 +387,7 @@ def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
         step = -1
     tl.store(PA + off, agg_a, mask=nmask)
     tl.store(PB + off, agg_b, mask=nmask)
-    tl.store(PP + off, agg_a + agg_b * init, mask=nmask)  # the carry, if first
+    tl.store(PP + off, _apply(agg_a, agg_b, init), mask=nmask)  # the carry, if first
     tl.debug_barrier()
     tl.atomic_xchg(FL + pid_s, first.to(tl.int32) + 1, sem="release")  # 2 if first
     carry = init
@@ -406,14 +424,13 @@ def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
             ga = _column(ga, w[None, :], 0)
             gb = _column(gb, w[None, :], 0)
             if p_w < W:
-                carry = acc_a + acc_b * ga
+                carry = _apply(acc_a, acc_b, ga)
                 done = 1
             else:
-                acc_a = acc_a + acc_b * ga
-                acc_b = acc_b * gb
+                acc_a, acc_b = _combine(ga, gb, acc_a, acc_b)
                 top = top + step * W
     if first == 0:
-        tl.store(PP + off, agg_a + agg_b * carry, mask=nmask)
+        tl.store(PP + off, _apply(agg_a, agg_b, carry), mask=nmask)
         tl.debug_barrier()
         tl.atomic_xchg(FL + pid_s, 2, sem="release")
     return carry
@@ -497,7 +514,7 @@ def scan_kernel(
             wa = tl.load(WS + w_off, mask=sm, other=0.0).to(zero.dtype)
             wb = tl.load(WS + S * N + w_off, mask=sm, other=1.0).to(zero.dtype)
             A, B = tl.associative_scan((wa, wb), 1, _combine, reverse=REVERSE)
-            h = A + B * carry[:, None]
+            h = _apply(A, B, carry[:, None])
             tl.store(WS + w_off, h.to(WS.dtype.element_ty), mask=sm)
             carry = _column(h, s_cols, edge)
     else:
@@ -553,11 +570,11 @@ def scan_kernel(
                 alpha, beta, v = _retrace(X, V, NV, TERM, TRUNC, RHO, G, L, CB, g, lm, cb, LO,
                                           STR, o1, o2, t, m, T, UNIFORM, FP64)
             elif MODE == GAE_BWD or MODE == TD_BWD:
-                alpha, beta, v, p1 = _returns_bwd(X, V, TERM, TRUNC, G, L, g, lm, LO, STR,
+                alpha, beta, v, p1, cut = _returns_bwd(X, V, TERM, TRUNC, G, L, g, lm, LO, STR,
                                                   o1, o2, t, m, UNIFORM, FP64, MODE == GAE_BWD)
             else:
                 tl.static_assert(MODE == VTRACE_BWD)
-                alpha, beta, v, p0, p1, vnext, cont, extra = _vtrace_bwd(
+                alpha, beta, v, p0, p1, vnext, cont, extra, cut = _vtrace_bwd(
                     X, V, TERM, TRUNC, RHO, G, L, RB, CB, PB, g, lm, rb, cb, pb, LO, STR,
                     o1, o2, t, m, UNIFORM, FP64)
             alpha = tl.where(m, alpha, 0.0)
@@ -573,10 +590,10 @@ def scan_kernel(
                                    LOOK_MAPS_ONLY)
                 carry_seg = carry
             if PHASE == 1:
-                carry_a = _column(A, cols, edge) + _column(B, cols, edge) * carry_a
-                carry_b = _column(B, cols, edge) * carry_b
+                carry_a, carry_b = _combine(carry_a, carry_b, _column(A, cols, edge),
+                                            _column(B, cols, edge))
             else:
-                h = A + B * carry[:, None]
+                h = _apply(A, B, carry[:, None])
                 p_out = o1 * so1 + o2 * so2 + t * sot
                 if MODE == VTRACE:
                     # pg_t needs vs_{t+1}: stored by this program (this chunk, or the one after
@@ -600,7 +617,7 @@ def scan_kernel(
                         r_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
                                          other=0.0).to(h.dtype)
                         r_prev = tl.where(t == t_lo, cont * carry_seg[:, None] + extra, r_prev)
-                        g_val = v - g_r + vnext * r_prev
+                        g_val = v - g_r + tl.where(cut, 0.0, vnext * r_prev)
                         tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
                 elif MODE == GAE_BWD or MODE == TD_BWD:
                     tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
@@ -611,7 +628,7 @@ def scan_kernel(
                         u_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
                                          other=0.0).to(h.dtype)
                         u_prev = tl.where(t == t_lo, carry_seg[:, None], u_prev)
-                        g_val = p1 * u_prev
+                        g_val = tl.where(cut, 0.0, p1 * u_prev)
                         if MODE == GAE_BWD:
                             g_val = g_val + v - h
                         tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)

@@ -15,7 +15,11 @@ Conventions (see ``semantics.md``):
   ``V'_t = V_{t+1}`` for ``t < T-1`` and ``V'_{T-1} = bootstrap_value`` (the data's
   shape without the time axis, 0 if omitted);
 * ``gamma``, ``lmbda`` and the clip thresholds are numbers or tensors broadcastable to
-  the data; the backward estimators use the values at step t in step t's formula.
+  the data; the backward estimators use the values at step t in step t's formula;
+* cuts (``semantics.md``, non-finite values): a term a flag switches off is a select,
+  ``where(flag, 0, x)`` (:func:`_cut`), never ``(1 - flag) * x``, and each step of a
+  recurrence is ``h = alpha + beta h'`` with the carry dropped where beta is 0
+  (:func:`_carry`), so a NaN or inf behind a done flag (or a zero beta) stays there.
 """
 
 from __future__ import annotations
@@ -112,6 +116,18 @@ def _bootstrap(bootstrap_value, step_shape, device) -> torch.Tensor:
     return b
 
 
+def _cut(clear, x):
+    """``x`` where the flag is clear (``clear`` = 1 - flag is 1), else 0: a select, so a
+    NaN or inf in ``x`` behind a set flag does not come through (0 * NaN would)."""
+    return torch.where(clear > 0, x, 0.0)
+
+
+def _carry(alpha, beta, h):
+    """One step of a recurrence, ``alpha + beta * h``, with the carry dropped where
+    ``beta == 0``: exactly ``alpha`` there, also when ``h`` is NaN or infinite."""
+    return torch.where(beta == 0, alpha, alpha + beta * h)
+
+
 def _zeros_step(x_tf: torch.Tensor) -> torch.Tensor:
     """Zeros of one time step's shape (the carry's), also for an empty time axis."""
     return torch.zeros(x_tf.shape[1:], dtype=F64, device=x_tf.device)
@@ -153,8 +169,8 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None,
     adv = torch.zeros_like(r)
     a_next = _zeros_step(r)  # A_T = 0, one per stream
     for t in reversed(range(r.shape[0])):
-        delta = r[t] + g[t] * not_term[t] * nv[t] - v[t]
-        a_next = delta + g[t] * lam[t] * not_done[t] * a_next
+        delta = r[t] + _cut(not_term[t], g[t] * nv[t]) - v[t]
+        a_next = _carry(delta, _cut(not_done[t], g[t] * lam[t]), a_next)
         adv[t] = a_next
     return _out(adv, pos), _out(adv + v, pos)
 
@@ -174,8 +190,9 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
     g_next = _zeros_step(r)
     for t in reversed(range(T)):
         c = not_done[t] if t < T - 1 else torch.zeros_like(not_done[t])
-        lc = lam[t] * c
-        g_next = r[t] + g[t] * not_term[t] * ((1.0 - lc) * nv[t] + lc * g_next)
+        lc = _cut(c, lam[t])
+        g_next = _carry(r[t] + _cut(not_term[t], g[t] * (1.0 - lc) * nv[t]),
+                        _cut(not_term[t], g[t] * lc), g_next)
         ret[t] = g_next
     return _out(ret, pos)
 
@@ -230,8 +247,8 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
     D = torch.zeros_like(r)
     d_next = _zeros_step(r)
     for t in reversed(range(T)):
-        delta = rho[t] * (r[t] + g[t] * not_term[t] * nv[t] - v[t])
-        d_next = delta + g[t] * not_done[t] * c[t] * d_next
+        delta = rho[t] * (r[t] + _cut(not_term[t], g[t] * nv[t]) - v[t])
+        d_next = _carry(delta, _cut(not_done[t], g[t] * c[t]), d_next)
         D[t] = d_next
     vs = v + D
     pg = torch.zeros_like(r)
@@ -240,7 +257,7 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
             vs_next = torch.where(not_done[t] > 0, vs[t + 1], nv[t])
         else:
             vs_next = nv[t]
-        pg[t] = pg_rho[t] * (r[t] + g[t] * not_term[t] * vs_next - v[t])
+        pg[t] = pg_rho[t] * (r[t] + _cut(not_term[t], g[t] * vs_next) - v[t])
     return _out(vs, pos), _out(pg, pos)
 
 
@@ -274,9 +291,9 @@ def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=
     D = torch.zeros_like(r)
     d_next = _zeros_step(r)
     for t in reversed(range(T)):
-        delta = r[t] + g[t] * not_term[t] * e[t] - q[t]
+        delta = r[t] + _cut(not_term[t], g[t] * e[t]) - q[t]
         c_next = c[t + 1] if t + 1 < T else torch.zeros_like(c[t])
-        d_next = delta + g[t] * not_done[t] * c_next * d_next
+        d_next = _carry(delta, _cut(not_done[t], g[t] * c_next), d_next)
         D[t] = d_next
     return _out(q + D, pos)
 
@@ -339,8 +356,8 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim):
         if t == 0:
             decay = g[0] * lam[0]
         else:
-            decay = g[t - 1] * lam[t - 1] * (1.0 - d[t - 1])
-        z = x_tf[t] + decay * z
+            decay = _cut(1.0 - d[t - 1], g[t - 1] * lam[t - 1])
+        z = _carry(x_tf[t], decay, z)
         out[t] = z
     return _out(out, pos)
 
@@ -354,8 +371,8 @@ def episodic_cumsum(x, done, *, init=None, time_dim):
     c = _init(init, x_tf)
     out = torch.zeros_like(x_tf)
     for t in range(x_tf.shape[0]):
-        keep = 1.0 - d[t - 1] if t > 0 else 1.0
-        c = x_tf[t] + keep * c
+        keep = 1.0 - d[t - 1] if t > 0 else torch.ones_like(x_tf[0])
+        c = _carry(x_tf[t], keep, c)
         out[t] = c
     return _out(out, pos)
 
@@ -365,6 +382,8 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim):
 
         reverse=True:   h_t = alpha_t + beta_t h_{t+1},   h_T    = init (0)
         reverse=False:  h_t = alpha_t + beta_t h_{t-1},   h_{-1} = init (0)
+
+    Where beta_t = 0 the carry is dropped: h_t = alpha_t, whatever h_{t+-1} (NaN too).
     """
     alpha = _tensor("alpha", alpha)
     beta = _tensor("beta", beta)
@@ -375,7 +394,7 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim):
     out = torch.zeros_like(a)
     steps = reversed(range(a.shape[0])) if reverse else range(a.shape[0])
     for t in steps:
-        h = a[t] + b[t] * h
+        h = _carry(a[t], b[t], h)
         out[t] = h
     return _out(out, pos)
 
