@@ -25,52 +25,59 @@ def _make_scan(MODE):
     @numba.njit(nogil=True, cache=_CACHE)
     def scan(r, v, m, rows, starts, lens, g, gl, out0, out1, stats, want_stats, lo, hi):
         """Scan responses [lo, hi); where ``want_stats``, ``stats[i]`` = (count, mean, M2)
-        of their valid outputs (two passes over the row: the second reads it from cache)."""
+        of their valid stored (rounded) outputs, as whitening sees them: sums of
+        (x - k) and (x - k)^2 with k the row's first valid output (no cancellation).
+        Branch-free: the mask selects, so random observation spans cost no
+        mispredictions."""
         for i in range(lo, hi):
             row = rows[i]
             s = starts[i]
             carry = 0.0
             nv = 0.0
             cnt = 0.0
-            tot = 0.0
+            s1 = 0.0
+            s2 = 0.0
+            kk = 0.0
+            kset = False
             for k in range(lens[i] - 1, -1, -1):
                 p = s + k
                 ok = m[row, p] != 0
-                rt = float(r[row, p]) if ok else 0.0
+                rt = float(r[row, p])
                 if MODE == GAE_SKIP:
                     vt = float(v[row, p])
-                    if ok:
-                        carry = rt + g * nv - vt + gl * carry
-                        nv = vt
+                    new = rt + g * nv - vt + gl * carry
+                    carry = new if ok else carry
+                    nv = vt if ok else nv
                     out0[row, p] = carry
                     out1[row, p] = carry + vt
                 elif MODE == GAE_MUL:
                     vt = float(v[row, p]) if ok else 0.0
+                    rt = rt if ok else 0.0
                     carry = rt + g * nv - vt + gl * carry
                     nv = vt
                     out0[row, p] = carry
                     out1[row, p] = carry + vt
                 elif MODE == RET_SKIP:
-                    if ok:
-                        carry = rt + g * carry
+                    new = rt + g * carry
+                    carry = new if ok else carry
                     out0[row, p] = carry if ok else 0.0
                 else:
+                    rt = rt if ok else 0.0
                     carry = rt + g * carry
                     out0[row, p] = carry
-                if ok:  # the statistics of the stored (rounded) outputs, as whitening sees them
-                    cnt += 1.0
-                    tot += float(out0[row, p])
+                if want_stats:
+                    x = float(out0[row, p])
+                    kk = kk if kset or not ok else x
+                    kset = kset or ok
+                    d = x - kk if ok else 0.0
+                    cnt += 1.0 if ok else 0.0
+                    s1 += d
+                    s2 += d * d
             if want_stats:
-                mean = tot / cnt if cnt > 0 else 0.0
-                m2 = 0.0
-                for k in range(lens[i]):
-                    p = s + k
-                    if m[row, p] != 0:
-                        d = out0[row, p] - mean
-                        m2 += d * d
+                mean = kk + s1 / cnt if cnt > 0 else 0.0
                 stats[i, 0] = cnt
                 stats[i, 1] = mean
-                stats[i, 2] = m2
+                stats[i, 2] = max(s2 - s1 * s1 / cnt, 0.0) if cnt > 0 else 0.0
 
     return scan
 
@@ -123,18 +130,25 @@ def finish(stats, count_eps, eps, unbiased):
     return mu, 1.0 / np.sqrt(var + eps)
 
 
-@numba.njit(nogil=True, cache=_CACHE)
-def whiten(x, m, rows, starts, lens, mu, rstd, shift, has_fill, fill, out, lo, hi):
-    for i in range(lo, hi):
-        row = rows[i]
-        for k in range(lens[i]):
-            p = starts[i] + k
-            y = (float(x[row, p]) - mu) * rstd
-            if not shift:
-                y += mu
-            if has_fill and m[row, p] == 0:
-                y = fill
-            out[row, p] = y
+def _make_whiten(SHIFT, FILL):
+    @numba.njit(nogil=True, cache=_CACHE)
+    def whiten(x, m, rows, starts, lens, mu, rstd, fill, out, lo, hi):
+        for i in range(lo, hi):
+            row = rows[i]
+            s = starts[i]
+            for k in range(lens[i]):
+                p = s + k
+                y = (float(x[row, p]) - mu) * rstd
+                if not SHIFT:
+                    y += mu
+                if FILL:
+                    y = y if m[row, p] != 0 else fill
+                out[row, p] = y
+
+    return whiten
+
+
+WHITENS = {(sh, fi): _make_whiten(sh, fi) for sh in (True, False) for fi in (True, False)}
 
 
 def layout(n_rows, n_tokens, cu_seqlens):

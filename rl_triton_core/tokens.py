@@ -271,7 +271,7 @@ def _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
             mu, rstd = k.finish(stats, count_eps, eps, unbiased)
             do_shift = shift
         src = _np(whiten_src) if mode == _STATS else o0.numpy()
-        k.split(k.whiten, n, work, src, mm, rows, starts, lens, float(mu), float(rstd),
-                do_shift, fill is not None, 0.0 if fill is None else fill, o0.numpy())
+        k.split(k.WHITENS[(bool(do_shift), fill is not None)], n, work, src, mm, rows, starts,
+                lens, float(mu), float(rstd), 0.0 if fill is None else fill, o0.numpy())
     if o0 is not out0:
         out0.copy_(o0)
