@@ -748,6 +748,9 @@ def compare(got, want, dtype, ctx, tol=None):
     scale = max(1.0, float(want.abs().max()))
     err = (g - want).abs()
     bad = ~(err <= tol * scale + tol * want.abs())
+    if got.dtype in HALF:  # a result past the dtype's range rounds to inf of its sign
+        top = torch.finfo(got.dtype).max
+        bad &= ~((want.abs() > top) & (g == want.sign() * math.inf))
     if bad.any():
         i = int(torch.nonzero(bad.reshape(-1))[0])
         raise AssertionError(

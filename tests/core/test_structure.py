@@ -10,7 +10,7 @@ import rl_triton_core
 PKG = pathlib.Path(rl_triton_core.__file__).parent
 # (importer, imported) pairs allowed inside a function: the lazy backends
 LAZY = {("_dispatch", "_launch"), ("_dispatch", "_cpu"), ("tokens", "_token_kernel"),
-        ("tokens", "_token_cpu")}
+        ("tokens", "_token_cpu"), ("_dispatch", "_cpu_first"), ("_cpu_first", "_cpu")}
 
 
 def _imports():
