@@ -422,9 +422,9 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_ep
 
 
 def masked_gae(rewards, values, mask, *, gamma=1.0, lmbda=1.0, skip=True, whiten=False,
-               count_eps=0.0, eps=1e-8, unbiased=True, fill=None, time_dim=-1):
+               count_eps=0.0, eps=1e-8, unbiased=True, fill=None, time_dim):
     """skip=True: verl's ``compute_gae_advantage_return`` loop; skip=False: OpenRLHF's
-    ``get_advantages_and_returns`` loop. [B, T] data, time_dim -1."""
+    ``get_advantages_and_returns`` loop. [B, T] data (time_dim -1) or [T, B] (0)."""
     r = rewards.to(F64)
     v = values.to(F64)
     m = (mask != 0).to(F64)
@@ -457,9 +457,9 @@ def masked_gae(rewards, values, mask, *, gamma=1.0, lmbda=1.0, skip=True, whiten
     return adv, ret
 
 
-def masked_returns(rewards, mask, *, gamma=1.0, skip=True, time_dim=-1):
+def masked_returns(rewards, mask, *, gamma=1.0, skip=True, time_dim):
     """skip=True: verl's REINFORCE++ return loop; skip=False: OpenRLHF's
-    ``get_cumulative_returns``. [B, T] data, time_dim -1."""
+    ``get_cumulative_returns``. [B, T] data (time_dim -1) or [T, B] (0)."""
     r = rewards.to(F64)
     m = (mask != 0).to(F64)
     if time_dim in (0, -2) and r.dim() == 2:

@@ -84,7 +84,7 @@ def test_masked_gae(where, kind, dtype, skip):
         r, v, m = _inputs(seed, B, T, dtype, kind, device)
         gamma, lmbda = 0.5 + 0.5 * torch.rand(()).item(), torch.rand(()).item()
         a, ret = rc.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip, time_dim=-1)
-        wa, wret = ref.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip)
+        wa, wret = ref.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip, time_dim=-1)
         what = f"seed={seed} B={B} T={T} {dtype} {kind} skip={skip}"
         assert a.dtype == dtype and a.shape == r.shape and a.device == r.device
         _close(a, wa, dtype, "advantages " + what)
@@ -104,7 +104,7 @@ def test_masked_gae_whitened(where, kind, dtype, count_eps, fill):
         a, ret = rc.masked_gae(r, v, m, gamma=0.99, lmbda=0.95, whiten=True,
                                count_eps=count_eps, fill=fill, time_dim=-1)
         wa, wret = ref.masked_gae(r, v, m, gamma=0.99, lmbda=0.95, whiten=True,
-                                  count_eps=count_eps, fill=fill)
+                                  count_eps=count_eps, fill=fill, time_dim=-1)
         what = f"seed={seed} B={B} T={T} {dtype} {kind}"
         _close(a, wa, dtype, "whitened advantages " + what)
         _close(ret, wret, dtype, "returns " + what)
@@ -119,7 +119,7 @@ def test_masked_returns(where, kind, dtype, skip):
         seed = 1000 * i + 13
         r, _, m = _inputs(seed, B, T, dtype, kind, device, mask_dtype=torch.float32)
         got = rc.masked_returns(r, m, gamma=0.9, skip=skip, time_dim=-1)
-        want = ref.masked_returns(r, m, gamma=0.9, skip=skip)
+        want = ref.masked_returns(r, m, gamma=0.9, skip=skip, time_dim=-1)
         _close(got, want, dtype, f"seed={seed} B={B} T={T} {dtype} {kind} skip={skip}")
 
 
@@ -188,7 +188,7 @@ def test_time_major_view(where):
     device, backend = where
     r, v, m = _inputs(3, 4, 33, torch.float64, "multi", device)
     a, ret = rc.masked_gae(r.t(), v.t(), m.t(), gamma=0.9, lmbda=0.8, time_dim=0)
-    wa, wret = ref.masked_gae(r, v, m, gamma=0.9, lmbda=0.8)
+    wa, wret = ref.masked_gae(r, v, m, gamma=0.9, lmbda=0.8, time_dim=-1)
     _close(a.t(), wa, torch.float64, "time-major")
     _close(ret.t(), wret, torch.float64, "time-major returns")
 
@@ -200,7 +200,7 @@ def test_mixed_dtypes_and_inputs_unchanged(where):
     before = [t.clone() for t in (r, vb, m)]
     a, ret = rc.masked_gae(r, vb, m, gamma=0.99, lmbda=0.95, whiten=True, time_dim=-1)
     assert a.dtype == torch.float32
-    wa, _ = ref.masked_gae(r, vb, m, gamma=0.99, lmbda=0.95, whiten=True)
+    wa, _ = ref.masked_gae(r, vb, m, gamma=0.99, lmbda=0.95, whiten=True, time_dim=-1)
     _close(a, wa, torch.float32, "bf16 values, fp32 rewards")
     for b, t in zip(before, (r, vb, m)):
         assert torch.equal(b, t)
@@ -257,7 +257,7 @@ def test_kernel_tiles(where, monkeypatch, bt, warps):
         a, ret = rc.masked_gae(r, v, m, gamma=0.9, lmbda=0.7, skip=skip, whiten=True,
                                count_eps=1e-8, time_dim=-1)
         wa, wret = ref.masked_gae(r, v, m, gamma=0.9, lmbda=0.7, skip=skip, whiten=True,
-                                  count_eps=1e-8)
+                                  count_eps=1e-8, time_dim=-1)
         _close(a, wa, torch.float64, f"chunk {bt} skip={skip}")
         _close(ret, wret, torch.float64, f"chunk {bt} skip={skip} returns")
     lens = torch.tensor([45, 0, 3, 17, 1, 40, 16])

@@ -85,7 +85,7 @@ def test_bf16(experience_maker):
     want = _theirs(experience_maker, "get_advantages_and_returns")(vb, r.float(), m, 0.99, 0.95)
     got = ours.get_advantages_and_returns(vb, r.float(), m, 0.99, 0.95)
     exact = ref.masked_gae(r.float().double(), vb.double(), m, gamma=0.99, lmbda=0.95,
-                           skip=False)
+                           skip=False, time_dim=-1)
     for g, w, e in zip(got, want, exact):
         assert g.dtype == w.dtype == torch.float32
         torch.testing.assert_close(g.double(), e, rtol=1e-5, atol=1e-5)
@@ -93,7 +93,8 @@ def test_bf16(experience_maker):
     rb = r.bfloat16()
     want = _theirs(experience_maker, "get_advantages_and_returns")(vb, rb, m, 0.99, 0.95)
     got = ours.get_advantages_and_returns(vb, rb, m, 0.99, 0.95)
-    exact = ref.masked_gae(rb.double(), vb.double(), m, gamma=0.99, lmbda=0.95, skip=False)
+    exact = ref.masked_gae(rb.double(), vb.double(), m, gamma=0.99, lmbda=0.95, skip=False,
+                           time_dim=-1)
     for g, w, e in zip(got, want, exact):
         assert g.dtype == w.dtype == torch.bfloat16
         torch.testing.assert_close(g.double(), e, rtol=2**-7, atol=2**-6)

@@ -55,7 +55,7 @@ def test_ppo_advantages(trl_ppo, dtype, tol, gamma, lam, right_padded, seed):
     got = _check(trl_ppo, r, v, pm, gamma, lam, tol)
     if dtype == F64:  # and to the exact formula
         every = torch.ones_like(pm)
-        a, ret = ref.masked_gae(r, v, every, gamma=gamma, lmbda=lam, skip=False)
+        a, ret = ref.masked_gae(r, v, every, gamma=gamma, lmbda=lam, skip=False, time_dim=-1)
         a = ref.masked_whiten(a, ~pm, count_eps=0.0, fill=0.0)
         torch.testing.assert_close(got[0], a, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(got[1], ret, rtol=1e-12, atol=1e-12)
@@ -76,7 +76,8 @@ def test_bf16(trl_ppo):
     want = trl_ppo.advantages(rb, vb, pm, 0.99, 0.95)
     got = ours.ppo_advantages(rb, vb, pm, 0.99, 0.95)
     every = torch.ones_like(pm)
-    a, ret = ref.masked_gae(rb.double(), vb.double(), every, gamma=0.99, lmbda=0.95, skip=False)
+    a, ret = ref.masked_gae(rb.double(), vb.double(), every, gamma=0.99, lmbda=0.95, skip=False,
+                            time_dim=-1)
     exact = (ref.masked_whiten(a, ~pm, fill=0.0), ret)
     for g, w, e in zip(got, want, exact):
         assert g.dtype == w.dtype == torch.bfloat16
@@ -102,7 +103,8 @@ def test_all_padding_where_trl_raises(trl_ppo):
         trl_ppo.advantages(r, v, pm, 0.99, 0.95)
     adv, ret = ours.ppo_advantages(r, v, pm, 0.99, 0.95)
     assert adv.eq(0).all()  # every position is padding: filled with 0 after whitening
-    want = ref.masked_gae(r, v, torch.ones_like(pm), gamma=0.99, lmbda=0.95, skip=False)[1]
+    want = ref.masked_gae(r, v, torch.ones_like(pm), gamma=0.99, lmbda=0.95, skip=False,
+                          time_dim=-1)[1]
     torch.testing.assert_close(ret, want, rtol=1e-12, atol=1e-12)
     assert torch.isnan(ours.masked_whiten(r, ~pm)).all()
 

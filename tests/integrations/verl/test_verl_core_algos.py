@@ -85,7 +85,7 @@ def test_bf16(core_algos):
     want = core_algos.compute_gae_advantage_return(r.float(), vb, m, 0.99, 0.95)
     got = ours.compute_gae_advantage_return(r.float(), vb, m, 0.99, 0.95)
     exact = ref.masked_gae(r.float().double(), vb.double(), m, gamma=0.99, lmbda=0.95,
-                           skip=True, whiten=True, count_eps=1e-8)
+                           skip=True, whiten=True, count_eps=1e-8, time_dim=-1)
     for g, w, e in zip(got, want, exact):
         assert g.dtype == w.dtype == torch.float32
         torch.testing.assert_close(g.double(), e, rtol=1e-5, atol=1e-5)
@@ -94,7 +94,7 @@ def test_bf16(core_algos):
     want = core_algos.compute_gae_advantage_return(rb, vb, m, 0.99, 0.95)
     got = ours.compute_gae_advantage_return(rb, vb, m, 0.99, 0.95)
     exact = ref.masked_gae(rb.double(), vb.double(), m, gamma=0.99, lmbda=0.95, skip=True,
-                           whiten=True, count_eps=1e-8)
+                           whiten=True, count_eps=1e-8, time_dim=-1)
     for g, w, e in zip(got, want, exact):
         assert g.dtype == w.dtype == torch.bfloat16
         torch.testing.assert_close(g.double(), e, rtol=2**-7, atol=2**-7)
@@ -170,7 +170,7 @@ def test_empty_mask_where_verl_raises(core_algos):
     with pytest.raises(ValueError):
         core_algos.compute_gae_advantage_return(r, v, m, 1.0, 1.0)
     adv, _ = ours.compute_gae_advantage_return(r, v, m, 1.0, 1.0)
-    want = ref.masked_gae(r, v, m, skip=True, whiten=True, count_eps=1e-8)[0]
+    want = ref.masked_gae(r, v, m, skip=True, whiten=True, count_eps=1e-8, time_dim=-1)[0]
     torch.testing.assert_close(adv, want, equal_nan=True, rtol=1e-12, atol=1e-12)
     adv, ret = ours.compute_reinforce_plus_plus_outcome_advantage(r, m, config=config)
     want = ref.masked_whiten(ret, m, count_eps=1e-8, fill=0.0)
