@@ -48,6 +48,15 @@ def ready(key) -> bool:
     return key in _READY
 
 
+def settle() -> None:
+    """Wait for every warm-up thread: a foreground numba call never runs while one is
+    still compiling or loading (two threads in numba's dispatch at once failed: "can't
+    unbox array from PyObject" once in CI)."""
+    if _THREADS:
+        for thread in list(_THREADS.values()):
+            thread.join()
+
+
 def handles(key) -> bool:
     """GAE without an initial carry (the only GAE there is); any inputs otherwise."""
     return key[0] == MODE_GAE and key[1] and not key[7]

@@ -247,6 +247,7 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune):
     else:
         from rl_triton_core import _cpu
 
+        _cpu_first.settle()
         _cpu.run(_cpu.kernel(*key), args, layout.N, T, tune.cpu_threads)
         _cpu_first._READY.add(key)
     if not direct:

@@ -14,6 +14,7 @@ import numpy as np
 
 from rl_triton_core import _cpu
 from rl_triton_core._cpu import _CACHE
+from rl_triton_core._cpu_first import settle  # noqa: F401 (no numba call beside a warm-up)
 
 GAE_SKIP, GAE_MUL, RET_SKIP, RET_MUL = 0, 1, 2, 3
 

@@ -241,6 +241,7 @@ def _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
 
     from rl_triton_core import _token_cpu as k
 
+    k.settle()  # no numba call while the GAE first-call path's warm-up thread runs
     rows, starts, lens = k.layout(r.shape[0], r.shape[1],
                                   None if cu is None else cu.numpy())
     if cu is not None:
