@@ -9,6 +9,10 @@ one row whose responses start at ``starts[i]`` and run ``lens[i]`` tokens.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
+
 import numba
 import numpy as np
 
@@ -160,6 +164,43 @@ def layout(n_rows, n_tokens, cu_seqlens):
     cu = cu_seqlens.astype(np.int64)
     k = cu.shape[0] - 1
     return np.zeros(k, dtype=np.int64), cu[:-1].copy(), np.diff(cu)
+
+
+_MADV_HUGEPAGE = 14  # Linux's madvise advice
+_HUGE_MIN = 4 << 20  # bytes: a smaller buffer faults in few enough 4 KiB pages
+_madvise = None  # libc's madvise once looked up; False where there is none
+
+
+def huge_pages(*tensors):
+    """Ask Linux for transparent huge pages on fresh (untouched) output buffers of at
+    least 4 MiB, before the numba pass first writes them: each 2 MiB page then faults
+    once instead of 512 times. With THP in ``madvise`` mode (a common default) the
+    faults of a fresh 32 MiB buffer (1024x8192 float32) cost about 16 ms on the 2-core
+    VM, advised about 3 ms. Advice only: the page-aligned inner range of each contiguous
+    buffer; skipped off Linux, where libc has no madvise, or where the kernel refuses."""
+    global _madvise
+    if not sys.platform.startswith("linux") or _madvise is False:
+        return
+    if _madvise is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            fn.restype = ctypes.c_int
+            _madvise = fn
+        except (OSError, AttributeError):
+            _madvise = False
+            return
+    page = mmap.PAGESIZE
+    for t in tensors:
+        if t is None or not t.is_contiguous():
+            continue
+        nbytes = t.numel() * t.element_size()
+        if nbytes < _HUGE_MIN:
+            continue
+        lo = -(-t.data_ptr() // page) * page
+        hi = (t.data_ptr() + nbytes) // page * page
+        if hi > lo:
+            _madvise(lo, hi - lo, _MADV_HUGEPAGE)  # the result is ignored: advice only
 
 
 def split(fn, n_items: int, work: int, *args):

@@ -251,12 +251,14 @@ def _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     mm = _np(m) if m.dtype != torch.bool else m.numpy().view(np.uint8)
     half = out0.dtype in (torch.float16, torch.bfloat16)
     o0 = torch.empty(out0.shape, dtype=torch.float64) if half else out0
+    k.huge_pages(o0)  # fresh buffers: fewer page faults on the first writes
     if mode == _STATS:
         k.split(k.row_stats, n, work, _np(whiten_src), mm, rows, starts, lens, stats)
     else:
         o1 = None
         if out1 is not None:
             o1 = torch.empty(out1.shape, dtype=torch.float64) if half else out1
+            k.huge_pages(o1)
         rr = _np(r)
         vv = _np(v) if v is not None else rr
         k.split(k.SCANS[mode], n, work, rr, vv, mm, rows, starts, lens, g, gl, o0.numpy(),
