@@ -36,8 +36,8 @@ class Tuning:
             programs per multiprocessor.
         look_back: segmented plans as one launch with a decoupled look-back (True), as
             three launches (False), or where measured to pay (None).
-        look_window: segments the look-back reads at a time.
-        look_maps_only: tests: the look-back walks back over maps only.
+        look_window: segments per block of the look-back, read at a time (a power of
+            two >= 2).
         middle_elems: the middle pass's tile (streams x maps per step).
         tm_steps: steps per thread and chunk of the time-major (thread-per-stream) tiles.
         cpu_threads: threads of the CPU path (None: min(cores, 8)).
@@ -52,13 +52,15 @@ class Tuning:
     look_back: bool | None = {"1": True, "0": False}.get(
         os.environ.get("RL_TRITON_CORE_LOOKBACK", ""))
     look_window: int = 16
-    look_maps_only: bool = False
     middle_elems: int = 2048
     tm_steps: int = 16
     cpu_threads: int | None = None
     cpu_plans: bool = False
 
     def __post_init__(self):
+        w = self.look_window
+        if isinstance(w, bool) or not isinstance(w, int) or w < 2 or w & (w - 1):
+            raise ValueError(f"look_window must be a power of two >= 2, got {w!r}")
         # hashed once: the tuning is part of every cached launch's key
         fields = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
         object.__setattr__(self, "_hash", hash(fields))

@@ -25,7 +25,8 @@ program per stream block) composes those maps once, in time order, into the
 carry leaving each segment, and PHASE 2 scans each segment again from the carry
 entering it and writes the outputs. PHASE 0 is the single-pass case (S = 1).
 Where all programs fit on the GPU at once, PHASE 4 does it in one launch instead:
-a chunk per program, the carry from a decoupled look-back (``_look_back``).
+a chunk per program, the carry from a look-back over the other programs' maps
+(``_look_back``).
 """
 
 from __future__ import annotations
@@ -360,81 +361,85 @@ def _vtrace_bwd(X, V, TERM, TRUNC, RHO, G, L, RB, CB, PB, g, lm, rb, cb, pb, LO,
 
 
 @triton.jit
-def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
-               REVERSE: tl.constexpr, W: tl.constexpr, MAPS_ONLY: tl.constexpr):
-    """PHASE 4 (one pass, decoupled look-back): the carry entering segment ``pid_s``.
+def _wait(FL, seg, valid, level: tl.constexpr):
+    """Spin until the status of every valid segment in ``seg`` is at least ``level``."""
+    st = tl.where(valid, tl.atomic_add(FL + seg, 0, mask=valid, sem="acquire"), level)
+    while tl.min(st, axis=0) < level:
+        st = tl.where(valid, tl.atomic_add(FL + seg, 0, mask=valid, sem="acquire"), level)
 
-    Workspace (zeroed per call): A, B and P [S, N] (a segment's composed map, the
-    carry leaving it), then a status per (stream block, segment): 0 nothing, 1 its
-    map, 2 its carry; then the ticket counter. A program publishes its map, then
-    walks back W segments at a time (towards the start in time; towards the end in
-    reverse) composing their maps until it meets a published carry, then publishes
-    its own carry. Programs take segments in ticket order, so every segment they
-    wait on belongs to a program that has started: no deadlock. MAPS_ONLY (tests)
-    reads every carry but the first segment's as a map, so the interpreter, which runs
-    programs one after another, also walks back over maps, window after window.
+
+@triton.jit
+def _fold(PA, PB, rows, valid, n, nmask, N, dtype: tl.constexpr):
+    """The maps stored at ``rows`` (a window, the earliest in scan order first) composed
+    in that order, in a fixed association; identity (0, 1) where not ``valid``."""
+    jj = rows[None, :].to(tl.int64) * N + n[:, None]
+    lm = nmask[:, None] & valid[None, :]
+    ma = tl.load(PA + jj, mask=lm, other=0.0, volatile=True).to(dtype)
+    mb = tl.load(PB + jj, mask=lm, other=1.0, volatile=True).to(dtype)
+    ga, gb = tl.associative_scan((ma, mb), 1, _combine)
+    last = rows.shape[0] - 1
+    w = tl.arange(0, rows.shape[0])[None, :]
+    return _column(ga, w, last), _column(gb, w, last)
+
+
+@triton.jit
+def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
+               REVERSE: tl.constexpr, W: tl.constexpr):
+    """PHASE 4 (one pass): the carry entering segment ``pid_s``, in an order of
+    composition fixed by the segment's position, so the outputs repeat bit for bit.
+
+    Segments are counted in scan order (q; from the end in reverse) and grouped in
+    blocks of W. Workspace (zeroed per call): A, B [S, N] (each segment's composed map),
+    then the maps of the full blocks (A, then B, [S // W, N]), then a status per (stream
+    block, segment): 0 nothing, 1 its map, 2 also its block's map (the block's last
+    segment publishes it); then the ticket counter. A program publishes its map; the
+    carry entering it is ``init`` through the maps of the blocks before its own (W at a
+    time, earliest first), then through those of the segments before it in its block.
+    Waits are only on maps, never on another program's carry (no chain through the
+    segments), and only on programs with an earlier ticket, which have started: no
+    deadlock.
     """
     PA = WS
     PB = WS + S * N
-    PP = WS + 2 * S * N
+    PC = WS + 2 * S * N
+    n_full = S // W
     FL = (WS + 3 * S * N).to(tl.pointer_type(tl.int32)) + pid_n.to(tl.int64) * S
-    off = pid_s.to(tl.int64) * N + n
-    if REVERSE:
-        first = pid_s == S - 1
-        step = 1
-    else:
-        first = pid_s == 0
-        step = -1
-    tl.store(PA + off, agg_a, mask=nmask)
-    tl.store(PB + off, agg_b, mask=nmask)
-    tl.store(PP + off, _apply(agg_a, agg_b, init), mask=nmask)  # the carry, if first
+    tl.store(PA + pid_s.to(tl.int64) * N + n, agg_a, mask=nmask)
+    tl.store(PB + pid_s.to(tl.int64) * N + n, agg_b, mask=nmask)
     tl.debug_barrier()
-    tl.atomic_xchg(FL + pid_s, first.to(tl.int32) + 1, sem="release")  # 2 if first
-    carry = init
-    acc_a = tl.zeros_like(agg_a)  # not agg_a * 0: a NaN in this segment must stay in it
-    acc_b = acc_a + 1.0
+    tl.atomic_xchg(FL + pid_s, 1, sem="release")
+    if REVERSE:
+        q = S - 1 - pid_s
+    else:
+        q = pid_s
     w = tl.arange(0, W)
-    top = pid_s + step
-    done = first.to(tl.int32)
-    while done == 0:
-        j = top + step * w
-        valid = (j >= 0) & (j < S)
-        st = tl.atomic_add(FL + j, 0, mask=valid, sem="acquire")
-        st = tl.where(valid, st, 3)
-        if MAPS_ONLY:
-            if REVERSE:
-                st = tl.where(j == S - 1, st, tl.minimum(st, 1))
-            else:
-                st = tl.where(j == 0, st, tl.minimum(st, 1))
-        # the nearest published carry in the window, and whether every segment
-        # between it and us has published at least its map
-        p_w = tl.min(tl.where(st == 2, w, W), axis=0)
-        blocked = tl.max(tl.where((w < p_w) & (st == 0), 1, 0), axis=0)
-        if blocked == 0:
-            tl.debug_barrier()
-            jj = j[None, :].to(tl.int64) * N + n[:, None]
-            lm = nmask[:, None] & valid[None, :]
-            ma = tl.load(PA + jj, mask=lm & (w[None, :] < p_w), other=0.0, volatile=True)
-            mb = tl.load(PB + jj, mask=lm & (w[None, :] < p_w), other=1.0, volatile=True)
-            pp = tl.load(PP + jj, mask=lm & (w[None, :] == p_w), other=0.0, volatile=True)
-            ma = tl.where(w[None, :] == p_w, pp, ma).to(agg_a.dtype)
-            mb = tl.where(w[None, :] == p_w, 0.0, mb).to(agg_a.dtype)
-            # the window's maps, the farthest applied first
-            ga, gb = tl.associative_scan((ma, mb), 1, _combine, reverse=True)
-            ga = _column(ga, w[None, :], 0)
-            gb = _column(gb, w[None, :], 0)
-            if p_w < W:
-                carry = _apply(acc_a, acc_b, ga)
-                done = 1
-            else:
-                acc_a, acc_b = _combine(ga, gb, acc_a, acc_b)
-                top = top + step * W
-    if first == 0:
-        tl.store(PP + off, _apply(agg_a, agg_b, carry), mask=nmask)
+    blk = q // W
+    carry = init
+    for b0 in range(0, blk, W):  # the blocks before this one, W at a time
+        b = b0 + w
+        valid = b < blk
+        last = b * W + W - 1
+        if REVERSE:
+            last = S - 1 - last
+        _wait(FL, last, valid, 2)
+        tl.debug_barrier()
+        ga, gb = _fold(PC, PC + n_full * N, b, valid, n, nmask, N, agg_a.dtype)
+        carry = _apply(ga, gb, carry)
+    qq = blk * W + w  # the segments before this one in its block
+    valid = qq < q
+    seg = qq
+    if REVERSE:
+        seg = S - 1 - qq
+    _wait(FL, seg, valid, 1)
+    tl.debug_barrier()
+    ia, ib = _fold(PA, PB, seg, valid, n, nmask, N, agg_a.dtype)
+    if q % W == W - 1:  # the block's last segment: publish the block's map
+        ba, bb = _combine(ia, ib, agg_a, agg_b)
+        tl.store(PC + blk.to(tl.int64) * N + n, ba, mask=nmask)
+        tl.store(PC + (n_full + blk).to(tl.int64) * N + n, bb, mask=nmask)
         tl.debug_barrier()
         tl.atomic_xchg(FL + pid_s, 2, sem="release")
-    return carry
-
+    return _apply(ia, ib, carry)
 
 
 @triton.jit(do_not_specialize=["UNIT"])
@@ -445,7 +450,6 @@ def scan_kernel(
     MODE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr, UNIFORM: tl.constexpr,
     FP64: tl.constexpr, SCALAR_N: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, LOOK_W: tl.constexpr,
-    LOOK_MAPS_ONLY: tl.constexpr,
 ):
     """OUT0 (and OUT1, None for one output) = the scan of MODE over [N1, N2, T].
 
@@ -586,8 +590,7 @@ def scan_kernel(
                 edge = BLOCK_T - 1
             if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
                 carry = _look_back(WS, _column(A, cols, edge), _column(B, cols, edge), carry,
-                                   n, nmask, pid_n, pid_s, N, S, REVERSE, LOOK_W,
-                                   LOOK_MAPS_ONLY)
+                                   n, nmask, pid_n, pid_s, N, S, REVERSE, LOOK_W)
                 carry_seg = carry
             if PHASE == 1:
                 carry_a, carry_b = _combine(carry_a, carry_b, _column(A, cols, edge),

@@ -235,7 +235,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         N, T, time_contiguous, device, mode, out0.element_size(), tune)
     consts = dict(MODE=mode, REVERSE=reverse, UNIFORM=uniform, FP64=fp64, SCALAR_N=scalar_n,
                   BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_S=2, STAGES=stages,
-                  LOOK_W=tune.look_window, LOOK_MAPS_ONLY=tune.look_maps_only)
+                  LOOK_W=tune.look_window)
     grid = (triton.cdiv(N, block_n), S)
     ws_spec = None
     wdt = torch.float64 if fp64 else torch.float32

@@ -7,7 +7,7 @@ and off, under each plan, forced with the tuning knobs:
 
 * ``single_pass``: no time segments (``programs_per_sm=0``: the planner never splits);
 * ``three_launches``: time split into 128-step segments, carried by three launches;
-* ``look_back``: one launch with the decoupled look-back, a segment per chunk of steps
+* ``look_back``: one launch with the look-back over maps, a segment per chunk of steps
   (``segment_len=16`` makes every shape segmented, also T = 128);
 * ``look_back_natural``: the look-back forced on, time split where the planner splits it
   (as scripts/determinism_check.py's ``look_back``);
@@ -17,11 +17,10 @@ and off, under each plan, forced with the tuning knobs:
 A case repeats ``REPEATS`` times (RL_DETERMINISM_REPEATS) and must give the same bits
 every time; the failure lists every (estimator, shape) that differed.
 
-Expected (docs/notes.md item 36): the look-back's carry is composed in an order that
-depends on the programs' timing, so ``look_back``, ``look_back_natural`` and ``default``
-can fail here -- scripts/determinism_check.py measured 4 of 432 cases on the H200, GAE at
-4096x128 and episodic_cumsum at 256x1024, time-major. Being timing-dependent, a run may
-also pass; ``single_pass`` and ``three_launches`` must always pass.
+Every plan must repeat: the look-back composes the maps entering a segment in an order
+fixed by the segment's position (blocks of ``look_window`` segments), not by which
+program published first (docs/notes.md item 36 measured the walk-back to the nearest
+published carry differ in 4 of 432 cases on the H200).
 """
 
 import os

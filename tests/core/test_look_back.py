@@ -1,6 +1,6 @@
-"""The one-launch segmented scan (PHASE 4, decoupled look-back) in the interpreter,
-walking back over maps only (``LOOK_MAPS_ONLY``) in 4-segment windows, so several
-windows are composed: forward and backward passes (the adjoint modes 6, 7, 8), float64
+"""The one-launch segmented scan (PHASE 4, the look-back over maps) in the interpreter,
+in blocks of 2 segments, so the blocks' maps are composed over several windows: forward
+and backward passes (the adjoint modes 6, 7, 8), float64
 workspaces, time-major thread-per-stream tiles and several stream blocks. The GPU
 runs it for real where the plan picks it (``_use_look_back``)."""
 
@@ -20,12 +20,11 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 
 @pytest.fixture
 def lb(monkeypatch, tuned):
-    """Force PHASE 4 over maps only; returns the launches seen: (S, grid, phases)."""
+    """Force PHASE 4 in blocks of 2; returns the launches seen: (S, grid, phases)."""
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
     tuned(segment_len=16)
     tuned(look_back=True)
-    tuned(look_maps_only=True)
-    tuned(look_window=4)
+    tuned(look_window=2)
     tuned(cached_launch=False)
     seen = []
     real = _launch.launch
@@ -44,7 +43,7 @@ BACKWARD = ["gae_shifted", "lambda_shifted", "vtrace_shifted", "vtrace_shifted_t
             "linrec_reverse", "linrec_forward", "traces", "cumsum"]
 
 
-@pytest.mark.parametrize("layout", [((3, 80), -1), ((80, 40), 0), ((20, 80), -1)])
+@pytest.mark.parametrize("layout", [((3, 160), -1), ((80, 40), 0), ((20, 80), -1)])
 @pytest.mark.parametrize("case", BACKWARD)
 def test_look_back_forward_and_backward_fp64(case, layout, lb):
     """Outputs and gradients against autograd through the float64 reference."""
@@ -66,8 +65,11 @@ def test_look_back_forward_and_backward_fp64(case, layout, lb):
     exp = torch.autograd.grad(sum((o * w).sum() for o, w in zip(want, weights)), ref_xs)
     for name, gg, wg in zip(wrt, got, exp):
         torch.testing.assert_close(gg, wg, rtol=1e-9, atol=1e-9, msg=f"d/d{name}")
-    # every launch took PHASE 4 with more than LOOK_W segments (several windows)
-    assert lb and all(ph == [4] and S > 4 for S, _, ph in lb), lb
+    # every launch took PHASE 4 with more than one block of segments; at T = 160
+    # (10 segments, 5 blocks) the blocks' maps take several windows
+    assert lb and all(ph == [4] and S > 2 for S, _, ph in lb), lb
+    if shape[1] == 160:
+        assert all(S == 10 for S, _, _ in lb), lb
     if td == 0 or shape[0] == 20:
         assert any(grid[0] > S for S, grid, _ in lb), lb  # several stream blocks
 

@@ -365,8 +365,7 @@ INTERP_PLANS = {
     "one_chunk": (40, {}),
     "chunks": (40, dict(tile=(2, 16, 1))),
     "segments": (48, dict(segment_len=16, tile=(2, 16, 1), look_back=False)),
-    "look_back": (48, dict(segment_len=16, look_back=True, look_maps_only=True,
-                           look_window=2)),
+    "look_back": (48, dict(segment_len=16, look_back=True, look_window=2)),
 }
 
 

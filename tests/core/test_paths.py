@@ -85,14 +85,14 @@ def test_interpreter_two_phase_carry(name, gen, monkeypatch, tuned):
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
 
 
-@pytest.mark.parametrize("maps_only", [False, True])
+@pytest.mark.parametrize("window", [2, 4])
 @pytest.mark.parametrize("shape", [(3, 77), (2, 300)])
 @pytest.mark.parametrize("name", list(CASES))
-def test_interpreter_look_back(name, shape, maps_only, gen, monkeypatch, tuned):
-    """The one-launch segmented plan: a chunk per program, the carry from a decoupled
-    look-back. The interpreter runs programs one after another, so each finds its
-    predecessor's carry; ``maps_only`` makes it walk back over maps instead, 4
-    segments at a time over up to 19 segments (forward and reverse in time)."""
+def test_interpreter_look_back(name, shape, window, gen, monkeypatch, tuned):
+    """The one-launch segmented plan: a chunk per program, the carry from the maps of
+    the blocks of ``window`` segments before it and of the segments before it in its
+    block; up to 19 segments, so with a window of 2 the blocks' maps are read in
+    several windows (forward and reverse in time)."""
     import os
 
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -100,8 +100,7 @@ def test_interpreter_look_back(name, shape, maps_only, gen, monkeypatch, tuned):
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
     tuned(segment_len=16)
     tuned(look_back=True)
-    tuned(look_maps_only=maps_only)
-    tuned(look_window=4)
+    tuned(look_window=window)
     tuned(cached_launch=False)
     fn, rfn, args, kw = CASES[name](*_inputs(gen, shape, "cpu"))
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
