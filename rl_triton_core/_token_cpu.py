@@ -15,12 +15,26 @@ import sys
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 from rl_triton_core import _cpu
 from rl_triton_core._cpu import _CACHE
 from rl_triton_core._cpu_first import settle  # noqa: F401 (no numba call beside a warm-up)
 
 GAE_SKIP, GAE_MUL, RET_SKIP, RET_MUL = 0, 1, 2, 3
+
+
+def _stored(out, x):
+    """``x`` as a store into ``out`` keeps it (rounded to ``out``'s dtype), as a float."""
+    raise NotImplementedError("numba only")
+
+
+@overload(_stored, jit_options={"cache": _CACHE})
+def _stored_impl(out, x):
+    if out.dtype == types.float32:
+        return lambda out, x: float(np.float32(x))
+    return lambda out, x: float(x)
 
 
 def _make_scan(MODE):
@@ -32,48 +46,57 @@ def _make_scan(MODE):
         """Scan responses [lo, hi); where ``want_stats``, ``stats[i]`` = (count, mean, M2)
         of their valid stored (rounded) outputs, as whitening sees them: sums of
         (x - k) and (x - k)^2 with k the row's first valid output (no cancellation).
-        Branch-free: the mask selects, so random observation spans cost no
-        mispredictions."""
+
+        Each response's tokens are 1-D views in scan order (last token first) indexed
+        from 0 up, so the loop has no negative-index wraparound (numba's indexing with a
+        signed index that the compiler cannot prove >= 0 costs several instructions per
+        access). The statistics take the output rounded in a register, not reloaded.
+        The mask's selects compile to branches (well predicted on real masks: 5% random
+        observation tokens cost nothing measurable; 50% random about 1.8x)."""
         for i in range(lo, hi):
             row = rows[i]
             s = starts[i]
+            n = lens[i]
+            rr = r[row, s:s + n][::-1]
+            vv = v[row, s:s + n][::-1]
+            mm = m[row, s:s + n][::-1]
+            o0 = out0[row, s:s + n][::-1]
+            o1 = out1[row, s:s + n][::-1]
             carry = 0.0
             nv = 0.0
             cnt = 0.0
             s1 = 0.0
             s2 = 0.0
             kk = 0.0
-            kset = False
-            for k in range(lens[i] - 1, -1, -1):
-                p = s + k
-                ok = m[row, p] != 0
-                rt = float(r[row, p])
+            for j in range(n):
+                ok = mm[j] != 0
+                rt = float(rr[j])
                 if MODE == GAE_SKIP:
-                    vt = float(v[row, p])
+                    vt = float(vv[j])
                     new = rt + g * nv - vt + gl * carry
                     carry = new if ok else carry
                     nv = vt if ok else nv
-                    out0[row, p] = carry
-                    out1[row, p] = carry + vt
+                    y = carry
+                    o1[j] = carry + vt
                 elif MODE == GAE_MUL:
-                    vt = float(v[row, p]) if ok else 0.0
+                    vt = float(vv[j]) if ok else 0.0
                     rt = rt if ok else 0.0
                     carry = rt + g * nv - vt + gl * carry
                     nv = vt
-                    out0[row, p] = carry
-                    out1[row, p] = carry + vt
+                    y = carry
+                    o1[j] = carry + vt
                 elif MODE == RET_SKIP:
                     new = rt + g * carry
                     carry = new if ok else carry
-                    out0[row, p] = carry if ok else 0.0
+                    y = carry if ok else 0.0
                 else:
                     rt = rt if ok else 0.0
                     carry = rt + g * carry
-                    out0[row, p] = carry
+                    y = carry
+                o0[j] = y
                 if want_stats:
-                    x = float(out0[row, p])
-                    kk = kk if kset or not ok else x
-                    kset = kset or ok
+                    x = _stored(o0, y)
+                    kk = x if ok and cnt == 0.0 else kk
                     d = x - kk if ok else 0.0
                     cnt += 1.0 if ok else 0.0
                     s1 += d
