@@ -50,10 +50,12 @@ def _make_scan(MODE):
         Each response's tokens are 1-D views in scan order (last token first) indexed
         from 0 up, so the loop has no negative-index wraparound (numba's indexing with a
         signed index that the compiler cannot prove >= 0 costs several instructions per
-        access). The statistics take the output rounded in a register, not reloaded.
+        access), and the responses from the last down, so memory is swept in one
+        descending direction (as the core CPU path walks its streams). The statistics
+        take the output rounded in a register, not reloaded.
         The mask's selects compile to branches (well predicted on real masks: 5% random
         observation tokens cost nothing measurable; 50% random about 1.8x)."""
-        for i in range(lo, hi):
+        for i in range(hi - 1, lo - 1, -1):
             row = rows[i]
             s = starts[i]
             n = lens[i]
