@@ -362,10 +362,13 @@ def _vtrace_bwd(X, V, TERM, TRUNC, RHO, G, L, RB, CB, PB, g, lm, rb, cb, pb, LO,
 
 @triton.jit
 def _wait(FL, seg, valid, level: tl.constexpr):
-    """Spin until the status of every valid segment in ``seg`` is at least ``level``."""
-    st = tl.where(valid, tl.atomic_add(FL + seg, 0, mask=valid, sem="acquire"), level)
-    while tl.min(st, axis=0) < level:
-        st = tl.where(valid, tl.atomic_add(FL + seg, 0, mask=valid, sem="acquire"), level)
+    """Spin until the status of every valid segment in ``seg`` is at least ``level``
+    (the loop carries a scalar only: a tensor carried through it crashed triton 3.6's
+    layout pass)."""
+    ready = 0
+    while ready == 0:
+        st = tl.atomic_add(FL + seg, 0, mask=valid, sem="acquire")
+        ready = (tl.min(tl.where(valid, st, level), axis=0) >= level).to(tl.int32)
 
 
 @triton.jit
@@ -396,8 +399,9 @@ def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
     carry entering it is ``init`` through the maps of the blocks before its own (W at a
     time, earliest first), then through those of the segments before it in its block.
     Waits are only on maps, never on another program's carry (no chain through the
-    segments), and only on programs with an earlier ticket, which have started: no
-    deadlock.
+    segments: a block's map waits on its own segments' maps only, so it is published
+    before its last segment reads the blocks before it), and only on programs with an
+    earlier ticket, which have started: no deadlock.
     """
     PA = WS
     PB = WS + S * N
@@ -414,6 +418,20 @@ def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
         q = pid_s
     w = tl.arange(0, W)
     blk = q // W
+    qq = blk * W + w  # the segments before this one in its block
+    valid = qq < q
+    seg = qq
+    if REVERSE:
+        seg = S - 1 - qq
+    _wait(FL, seg, valid, 1)
+    tl.debug_barrier()
+    ia, ib = _fold(PA, PB, seg, valid, n, nmask, N, agg_a.dtype)
+    if q % W == W - 1:  # the block's last segment: publish the block's map first
+        ba, bb = _combine(ia, ib, agg_a, agg_b)
+        tl.store(PC + blk.to(tl.int64) * N + n, ba, mask=nmask)
+        tl.store(PC + (n_full + blk).to(tl.int64) * N + n, bb, mask=nmask)
+        tl.debug_barrier()
+        tl.atomic_xchg(FL + pid_s, 2, sem="release")
     carry = init
     for b0 in range(0, blk, W):  # the blocks before this one, W at a time
         b = b0 + w
@@ -425,20 +443,6 @@ def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
         tl.debug_barrier()
         ga, gb = _fold(PC, PC + n_full * N, b, valid, n, nmask, N, agg_a.dtype)
         carry = _apply(ga, gb, carry)
-    qq = blk * W + w  # the segments before this one in its block
-    valid = qq < q
-    seg = qq
-    if REVERSE:
-        seg = S - 1 - qq
-    _wait(FL, seg, valid, 1)
-    tl.debug_barrier()
-    ia, ib = _fold(PA, PB, seg, valid, n, nmask, N, agg_a.dtype)
-    if q % W == W - 1:  # the block's last segment: publish the block's map
-        ba, bb = _combine(ia, ib, agg_a, agg_b)
-        tl.store(PC + blk.to(tl.int64) * N + n, ba, mask=nmask)
-        tl.store(PC + (n_full + blk).to(tl.int64) * N + n, bb, mask=nmask)
-        tl.debug_barrier()
-        tl.atomic_xchg(FL + pid_s, 2, sem="release")
     return _apply(ia, ib, carry)
 
 
