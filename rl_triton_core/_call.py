@@ -169,7 +169,9 @@ def _forward(spec, args, time_dim, out_arg) -> Call:
     if init is not None:
         check.broadcastable("init", init, shape[:td] + shape[td + 1:],
                             "x's shape without the time axis")
-    coefs = {COEF_OF[n]: _forward_coefficient(n, args[n], done.shape, shape, feat)
+    # gamma / lmbda broadcast to done's full shape (x's without the feature axes), not to
+    # a broadcast done's own: done [1, T] with gamma [B, T] is gamma per (stream, step)
+    coefs = {COEF_OF[n]: _forward_coefficient(n, args[n], shape[:done.dim()], shape, feat)
              for n in spec.coefs}
     dtype = check.data_dtype([("x", x), ("init", init)])
     named = [("x", x), ("done", done), ("init", init)] + [

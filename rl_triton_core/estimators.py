@@ -374,8 +374,10 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim, 
 
     Args:
         x: ``[..., T, *F]``: per-step increments (e.g. gradients), trailing feature axes F.
-        done: x's shape without the trailing feature axes: the episode ended after step t.
-        gamma, lmbda: floats in [0, 1] or tensors broadcastable to ``done``.
+        done: x's shape without the trailing feature axes (or broadcastable to it, with
+            as many axes): the episode ended after step t.
+        gamma, lmbda: floats in [0, 1] or tensors broadcastable to that shape (x's
+            without the feature axes, whatever done's own shape) or to x's (per feature).
         init: optional z_{-1}, x's shape without the time axis.
         time_dim: the time axis, indexing ``x`` (required, as in :func:`gae`).
         out: optional tensor of x's shape to write z into (returned as is): as

@@ -304,15 +304,21 @@ def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=
 def _forward_layout(x, done, time_dim):
     """x and done for the forward scans, time first; done gets x's trailing feature axes.
 
-    ``done`` has ``x``'s shape without the trailing feature axes after the time axis:
-    ``done.shape == x.shape[:done.dim()]`` and the time axis lies inside it.
+    ``done`` has (or broadcasts to) ``x``'s shape without the trailing feature axes after
+    the time axis, ``x.shape[:done.dim()]``, and the time axis lies inside it.
     """
     x = _tensor("x", x)
     done = _tensor("done", done)
     pos = _time_pos(time_dim, x.dim())
-    if done.shape != x.shape[: done.dim()] or pos >= done.dim():
-        raise ValueError(f"done must have x's shape {tuple(x.shape)} without trailing "
-                         f"feature axes after time_dim, got {tuple(done.shape)}")
+    full = x.shape[: done.dim()]
+    try:
+        ok = pos < done.dim() and torch.broadcast_shapes(done.shape, full) == full
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"done must have (or broadcast to) x's shape {tuple(x.shape)} without "
+                         f"trailing feature axes after time_dim, got {tuple(done.shape)}")
+    done = torch.broadcast_to(done, full)
     n_feat = x.dim() - done.dim()
     d = (done != 0).to(F64).reshape(done.shape + (1,) * n_feat)
     return x.to(F64).movedim(pos, 0), d.movedim(pos, 0), done.shape, n_feat, pos

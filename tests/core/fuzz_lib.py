@@ -466,13 +466,13 @@ def _forward(p, d, shape, step_shape, pos, td, T, desc):
         t, v = d.notime(nshape, pat, "init")
         inputs.append(t)
         kw["init"], rk["init"] = t, v.expand(nshape)
-    for c in p["coefs"]:  # broadcastable to done as passed (a broadcast done: its 1s)
-        kw[c], rk[c] = d.coef(c, shape, pos, done_shape=tuple(done.shape))
+    for c in p["coefs"]:  # broadcastable to done's full shape (x's without the features)
+        kw[c], rk[c] = d.coef(c, shape, pos, done_shape=tuple(step_shape))
     out, out_dtypes = _out_tensors(p, d, shape, 1)
     if out is not None:
         kw["out"] = out
     fn = getattr(rc, name)
-    rargs = [xv, done_v.expand(step_shape)]
+    rargs = [xv, done_v]  # the reference broadcasts done as the library does
     return Case(desc, lambda: fn(x, done, **kw, time_dim=td),
                 lambda: fast_reference(name, rargs, rk, td),
                 lambda: getattr(ref, name)(*rargs, **rk, time_dim=td), out_dtypes, inputs,
@@ -702,7 +702,8 @@ def _fast_forward(name, args, kw, time_dim):
     pos = time_dim % len(shape)
     T = shape[pos]
     n_feat = x.dim() - done.dim()
-    dshape = tuple(done.shape)
+    dshape = shape[:done.dim()]  # done's full shape (a broadcast done is expanded to it)
+    done = torch.broadcast_to(torch.as_tensor(done), dshape)
     xs = _tf(x, shape, pos)
     d = _tf((done != 0).to(F64).reshape(dshape + (1,) * n_feat), shape, pos)
     init = kw.get("init")
