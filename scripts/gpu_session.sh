@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
 # Logs and tables go to $OUT.
-# usage: bash scripts/gpu_session.sh [multigpu|tests|backward|sweep|lookback|quick|bench|full|
+# usage: bash scripts/gpu_session.sh [multigpu|fuzz|tests|backward|sweep|lookback|quick|bench|full|
 #        hostcost|compare|interleave|rllib|all]
 #        [bench args...]
 # Pass RL_TRITON_COMMIT=<sha> from the development machine: the device's git may be stale.
@@ -18,9 +18,21 @@ if [[ $what == multigpu ]]; then  # needs two GPUs (kind nvidia-h200-x2); NVLink
     -p no:cacheprovider -W ignore > "$OUT/multigpu.log" 2>&1
   grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/multigpu.log" | tail -40
 fi
+# fuzz: the GPU fuzz (10,000 cases per estimator) and the determinism test, with the
+# xdist workers spread over every GPU of the host (RL_TEST_GPUS): on nvidia-h200-x4 or
+# -x8 the compiles run on 64-128 cores (one H200 with 16 workers ran 27 of 90 chunks in
+# 475 s, compile-bound)
+if [[ $what == fuzz ]]; then
+  gpus=$(nvidia-smi -L | wc -l); workers=$(( $(nproc) - 2 ))
+  RL_TEST_GPUS=$gpus timeout ${FUZZ_TIMEOUT:-540} python -m pytest tests/core/test_fuzz.py \
+    tests/core/test_determinism.py -m gpu -q -n $workers -p no:cacheprovider -W ignore \
+    --durations=10 > "$OUT/fuzz.log" 2>&1
+  grep -E "^FAILED|passed|failed|error" "$OUT/fuzz.log" | tail -25
+fi
 if [[ $what == tests || $what == all ]]; then
-  timeout ${TEST_TIMEOUT:-240} python -m pytest tests/core -m gpu -q -n 8 -p no:cacheprovider -W ignore \
-    > "$OUT/gpu_tests.log" 2>&1
+  gpus=$(nvidia-smi -L | wc -l); workers=$(( $(nproc) - 2 ))
+  RL_TEST_GPUS=$gpus timeout ${TEST_TIMEOUT:-540} python -m pytest tests/core -m "gpu and not slow" -q \
+    -n $workers -p no:cacheprovider -W ignore > "$OUT/gpu_tests.log" 2>&1
   grep -E "^FAILED|passed|failed|error" "$OUT/gpu_tests.log" | tail -25
 fi
 if [[ $what == backward || $what == all ]]; then

@@ -10,11 +10,19 @@
 
 A test that takes the ``seed`` fixture gets a fresh random seed (or RL_TEST_SEED) that is
 printed with the failure report, so a failing case can be rerun exactly.
+
+``RL_TEST_GPUS=<n>`` with pytest-xdist spreads the workers over n GPUs (worker k sees
+GPU k mod n only), so the GPU suite and the fuzz use every GPU of a multi-GPU host.
 """
 
 import os
 
-import torch
+_GPUS = int(os.environ.get("RL_TEST_GPUS", "0") or 0)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _GPUS > 1 and _WORKER.startswith("gw"):  # before anything initialises CUDA
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(int(_WORKER[2:]) % _GPUS)
+
+import torch  # noqa: E402
 
 # Must happen before anything imports triton (rl_triton_core does).
 if not torch.cuda.is_available():
