@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
 # Logs and tables go to $OUT.
-# usage: bash scripts/gpu_session.sh [multigpu|fuzz|tests|backward|sweep|lookback|quick|bench|full|
+# usage: bash scripts/gpu_session.sh [multigpu|fuzz|llm|tests|backward|sweep|lookback|quick|bench|full|
 #        hostcost|compare|interleave|rllib|all]
 #        [bench args...]
 # Pass RL_TRITON_COMMIT=<sha> from the development machine: the device's git may be stale.
@@ -28,6 +28,22 @@ if [[ $what == fuzz ]]; then
     tests/core/test_determinism.py -m gpu -q -n $workers -p no:cacheprovider -W ignore \
     --durations=10 > "$OUT/fuzz.log" 2>&1
   grep -E "^FAILED|passed|failed|error" "$OUT/fuzz.log" | tail -25
+fi
+# llm: the verl / OpenRLHF / TRL adapters' GPU tests and the token benchmark; needs the
+# cp312 wheels in .llmwhl/ carried (carry=[".llmwhl"]: verl, openrlhf and trl without their
+# pins, transformers 5.10.4, omegaconf, codetiming and their wheels, antlr4 as a built wheel)
+if [[ $what == llm ]]; then
+  pip install -q --no-index --find-links .llmwhl --no-deps verl==0.9.1 openrlhf==0.11.2 \
+    trl==1.12.0 > "$OUT/llm_install.log" 2>&1
+  pip install -q --no-index --find-links .llmwhl transformers==5.10.4 omegaconf==2.4.0 \
+    codetiming==1.4.0 >> "$OUT/llm_install.log" 2>&1 || tail -5 "$OUT/llm_install.log"
+  timeout ${LLM_TIMEOUT:-240} python -m pytest tests/integrations/verl tests/integrations/openrlhf \
+    tests/integrations/trl tests/core/test_tokens.py tests/core/test_groups.py -m gpu -q -n 8 \
+    -p no:cacheprovider -W ignore > "$OUT/llm_tests.log" 2>&1
+  grep -E "^FAILED|passed|failed|error" "$OUT/llm_tests.log" | tail -15
+  timeout ${TOKEN_TIMEOUT:-200} python -m rl_triton_core.bench.tokens --json "$OUT/tokens.json" \
+    > "$OUT/tokens.md" 2> "$OUT/tokens.log"
+  cat "$OUT/tokens.md"
 fi
 if [[ $what == tests || $what == all ]]; then
   gpus=$(nvidia-smi -L | wc -l); workers=$(( $(nproc) - 2 ))
