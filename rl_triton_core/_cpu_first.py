@@ -88,13 +88,15 @@ def _warm(key, fn_args):
         _READY.add(key)
 
 
-def _f64(a, N, T):
-    return np.ascontiguousarray(a.reshape(N, T), dtype=np.float64)
-
-
-def gae(key, o0, o1, x, v, nv, term, trunc, boot, g, lm, gs, lms) -> bool:
+def gae(key, o0, o1, *args) -> bool:
     """Write GAE into ``o0`` (and ``o1`` = o0 + V) from the numba kernel's arguments;
-    False (nothing written) where a piece is too long for the loop to pay."""
+    False (nothing written) where a piece is too long for the loop to pay. Silent on
+    NaN and inf, as the numba loop is (no numpy RuntimeWarning)."""
+    with np.errstate(all="ignore"):
+        return _gae(key, o0, o1, *args)
+
+
+def _gae(key, o0, o1, x, v, nv, term, trunc, boot, g, lm, gs, lms) -> bool:
     (_, _, two_out, has_v, has_nv, has_trunc, has_boot, _, g_t, l_t) = key[:10]
     N1, N2, T = x.shape
     N = N1 * N2
@@ -119,53 +121,66 @@ def gae(key, o0, o1, x, v, nv, term, trunc, boot, g, lm, gs, lms) -> bool:
         if has_boot:
             nvt[:, -1] = boot.reshape(N)
     # the numba loop's formulas and order of operations (_cpu._coefficients, GAE):
-    # gnt = gamma (1 - te); alpha = (r + gnt V') - V; beta = (gamma lambda) (1 - done);
-    # float32 inputs widen exactly inside each float64 ufunc; te, done in {0, 1}, so a
-    # select of gamma * 0.0 / gamma * 1.0 is the same product
-    if g_t:
-        gamma = g.reshape(N, T).astype(np.float64)  # products in float64, as numba's
-        gnt = gamma * np.where(te, 0.0, 1.0)
-    else:
-        gnt = np.where(te, gs * 0.0, gs * 1.0)
-    # terminated cuts V' by a select, as the numba loop (0 * NaN would be NaN)
-    al = np.where(te, 0.0, np.multiply(gnt, nvt, out=gnt))
+    # alpha = (r + [not te] gamma V') - V; beta = [not done] gamma lambda, in float64
+    # (float32 inputs widen exactly inside each float64 ufunc). A set flag cuts by a
+    # select, as in the numba loop (0 * NaN would be NaN). The arrays below keep the
+    # inputs' memory layout (ufuncs' order K), so these passes run contiguous
+    gamma = g.reshape(N, T).astype(np.float64) if g_t else gs
+    al = np.multiply(gamma, nvt, dtype=np.float64)
+    np.copyto(al, 0.0, where=te)
     np.add(xt, al, out=al)
     if has_v:
         np.subtract(al, vt, out=al)
+    # beta: one number (bt) or an array; keep: where beta is nonzero (elsewhere the
+    # carry drops: h = alpha exactly)
     if g_t or l_t:
-        gl = (gamma if g_t else gs) * (lm.reshape(N, T).astype(np.float64) if l_t else lms)
-        be = np.where(done, 0.0, gl)
+        bt = np.multiply(gamma, lm.reshape(N, T) if l_t else lms, dtype=np.float64)
+        keep = ~done & (bt != 0.0)
     else:
-        c = gs * lms
-        be = np.where(done, c * 0.0, c * 1.0)
+        bt = gs * lms
+        keep = ~done if bt != 0 else np.zeros_like(done)
+    rows = np.ndim(bt) != 0
     if T <= _SHORT:
-        H = _loop(al.T[::-1], be.T[::-1])
-        h = H[::-1].T
+        # the loop runs over [T, N] tables in scan order (row k: step T-1-k), copied
+        # C-contiguous: rows strided across a batch-major [N, T] made it 4x slower
+        def scan_order(a):
+            return np.ascontiguousarray(a.T[::-1])
+
+        H = _loop(scan_order(al), scan_order(bt) if rows else bt, scan_order(keep))
+        h = al  # h back into alpha's buffer (the inputs' layout; a fresh buffer's page
+        h[...] = H[::-1].T  # faults cost 1.5-2 ms per 4 MiB in a fresh process)
     else:
-        # piece p covers flat positions (pos[p-1], pos[p]]; k = steps from its head
+        # piece p covers flat positions (pos[p-1], pos[p]]; k = steps from its head;
+        # the table's unused cells are not kept (h = alpha = 0 there)
         pid = np.repeat(np.arange(pos.size), lengths)
         k = pos[pid] - np.arange(flat.size)
         L = int(lengths.max())
         A = np.zeros((L, pos.size))
-        B = np.zeros((L, pos.size))
+        K = np.zeros((L, pos.size), dtype=bool)
         A[k, pid] = al.ravel()
-        B[k, pid] = be.ravel()
-        H = _loop(A, B)
-        h = H[k, pid].reshape(N, T)
+        K[k, pid] = keep.ravel()
+        if rows:
+            B = np.zeros((L, pos.size))
+            B[k, pid] = bt.ravel()
+            bt = B
+        h = _loop(A, bt, K)[k, pid].reshape(N, T)
     o0[...] = h.reshape(N1, N2, T)
-    if two_out:
-        o1[...] = (h + vt).reshape(N1, N2, T)
+    if two_out:  # h + V in float64, rounded once into o1's dtype, as the numba loop stores
+        np.add(h.reshape(N1, N2, T), v if has_v else 0.0, out=o1)
     return True
 
 
-def _loop(A, B):
+def _loop(A, B, keep):
+    """The scan in place: row k of ``A`` becomes ``h_k = A[k] + B[k] h_{k-1}`` (h_{-1} = 0;
+    ``B``: rows or one number) where ``keep[k]``, and stays ``A[k]`` exactly elsewhere (a
+    zero beta drops the carry, NaN too); returns ``A``."""
     L, P = A.shape
-    H = np.empty((L, P))
     tmp = np.empty(P)
     h = np.zeros(P)
+    rows = np.ndim(B) != 0
     for k in range(L):
-        np.multiply(B[k], h, out=tmp)
-        h = H[k]
-        np.add(A[k], tmp, out=h)
-        np.copyto(h, A[k], where=B[k] == 0)  # a zero beta drops the carry (NaN too)
-    return H
+        np.multiply(B[k] if rows else B, h, out=tmp)
+        np.add(A[k], tmp, out=tmp)
+        h = A[k]
+        np.copyto(h, tmp, where=keep[k])
+    return A
