@@ -34,8 +34,8 @@ class Tuning:
             instead of the plan's tile (sweeps); None: the plan's.
         programs_per_sm: time is split into segments until there are about this many
             programs per multiprocessor.
-        look_back: segmented plans as one launch with a decoupled look-back (True), as
-            three launches (False), or where measured to pay (None).
+        look_back: segmented plans as one launch with a look-back over the segments'
+            maps (True), as three launches (False), or where measured to pay (None).
         look_window: segments per block of the look-back, read at a time (a power of
             two >= 2).
         middle_elems: the middle pass's tile (streams x maps per step).

@@ -1,5 +1,5 @@
 """Segmented plans: three launches (maps, middle pass, outputs) against one launch
-with a decoupled look-back (``Tuning.look_back``), device time by CUDA-graph
+with a look-back over the segments' maps (``Tuning.look_back``), device time by CUDA-graph
 replay, and the look-back's outputs against the three-launch ones.
 
     python scripts/lookback_bench.py [--out lookback.md]
