@@ -18,15 +18,21 @@ if [[ $what == multigpu ]]; then  # needs two GPUs (kind nvidia-h200-x2); NVLink
     -p no:cacheprovider -W ignore > "$OUT/multigpu.log" 2>&1
   grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/multigpu.log" | tail -40
 fi
-# fuzz: the GPU fuzz (10,000 cases per estimator) and the determinism test, with the
-# xdist workers spread over every GPU of the host (RL_TEST_GPUS): on nvidia-h200-x4 or
-# -x8 the compiles run on 64-128 cores (one H200 with 16 workers ran 27 of 90 chunks in
-# 475 s, compile-bound)
+# fuzz: the GPU fuzz (10,000 cases per estimator) and the determinism test. Processes
+# sharing one GPU slow each other ~10x (14 xdist workers on one H200: ~190 s a chunk
+# against ~18 s alone), and a chunk's cost is mostly compiles, which need no GPU: so
+# scripts/fuzz_precompile.py first compiles every chunk's kernels from CPU tensors in a
+# process per core (same seed), then a few workers run the fuzz itself (RL_TEST_GPUS
+# spreads them over a multi-GPU host's GPUs)
 if [[ $what == fuzz ]]; then
-  gpus=$(nvidia-smi -L | wc -l); workers=$(( $(nproc) - 2 ))
-  RL_TEST_GPUS=$gpus timeout ${FUZZ_TIMEOUT:-540} python -m pytest tests/core/test_fuzz.py \
-    tests/core/test_determinism.py -m gpu -q -n $workers -p no:cacheprovider -W ignore \
-    --durations=10 > "$OUT/fuzz.log" 2>&1
+  gpus=$(nvidia-smi -L | wc -l)
+  export RL_TEST_SEED=${RL_TEST_SEED:-$(( RANDOM * 32768 + RANDOM ))} OMP_NUM_THREADS=1
+  echo "fuzz seed $RL_TEST_SEED" | tee "$OUT/fuzz_seed.txt"
+  timeout ${PRECOMPILE_TIMEOUT:-240} python scripts/fuzz_precompile.py > "$OUT/precompile.log" 2>&1
+  tail -3 "$OUT/precompile.log"
+  RL_TEST_GPUS=$gpus timeout ${FUZZ_TIMEOUT:-300} python -m pytest tests/core/test_fuzz.py \
+    tests/core/test_determinism.py -m gpu -q -n ${FUZZ_WORKERS:-$(( 4 * gpus ))} \
+    -p no:cacheprovider -W ignore --durations=20 > "$OUT/fuzz.log" 2>&1
   grep -E "^FAILED|passed|failed|error" "$OUT/fuzz.log" | tail -25
 fi
 # llm: the verl / OpenRLHF / TRL adapters' GPU tests and the token benchmark; needs the
@@ -47,8 +53,8 @@ if [[ $what == llm ]]; then
 fi
 if [[ $what == tests || $what == all ]]; then
   gpus=$(nvidia-smi -L | wc -l); workers=$(( $(nproc) - 2 ))
-  RL_TEST_GPUS=$gpus timeout ${TEST_TIMEOUT:-540} python -m pytest tests/core -m "gpu and not slow" -q \
-    -n $workers -p no:cacheprovider -W ignore > "$OUT/gpu_tests.log" 2>&1
+  OMP_NUM_THREADS=1 RL_TEST_GPUS=$gpus timeout ${TEST_TIMEOUT:-540} python -m pytest tests/core \
+    -m "gpu and not slow" -q --durations=30 -n $workers -p no:cacheprovider -W ignore > "$OUT/gpu_tests.log" 2>&1
   grep -E "^FAILED|passed|failed|error" "$OUT/gpu_tests.log" | tail -25
 fi
 if [[ $what == backward || $what == all ]]; then

@@ -342,8 +342,10 @@ class _Draw:
         return t.to(self.device), t
 
 
-def draw_case(p: dict, rng: random.Random, gen: torch.Generator, device, tiny=False) -> Case:
-    """One random call in profile ``p`` on ``device``."""
+def draw_case(p: dict, rng: random.Random, gen: torch.Generator, device, tiny=False,
+              sizes_for=None) -> Case:
+    """One random call in profile ``p`` on ``device`` (sized as for device ``sizes_for``
+    when given: the GPU's cases drawn on the CPU, for scripts/fuzz_precompile.py)."""
     name = p["name"]
     lead = [_size(rng, c, tiny) for c in p["lead"]]
     trail = [_size(rng, c, tiny) for c in p["trail"]]
@@ -355,7 +357,7 @@ def draw_case(p: dict, rng: random.Random, gen: torch.Generator, device, tiny=Fa
         else:
             T = 0
     # keep a long stream's batch small (the oracle loops over T)
-    budget = 20_000 if device != "cuda" else 200_000
+    budget = 20_000 if (sizes_for or device) != "cuda" else 200_000
     while math.prod(lead + trail + feat) * max(T, 1) > budget:
         big = max(range(len(lead + trail + feat)), key=lambda i: (lead + trail + feat)[i])
         dims = lead + trail + feat
@@ -809,10 +811,10 @@ def check_case(case: Case, p: dict, ctx: str, device: str, slow_check: bool):
         compare(g, w, coarse, c, tolerance(case, coarse, device))
 
 
-def run_chunk(name: str, seed: int, n_cases: int, n_profiles: int, device: str,
-              tiny: bool = False, slow_every: int = 16, chunk: int = 0):
-    """``n_cases`` random cases of ``name`` over ``n_profiles`` random profiles, all
-    derived from ``seed`` and ``chunk`` (printed in every failure message)."""
+def chunk_cases(name: str, seed: int, n_cases: int, n_profiles: int, device: str,
+                tiny: bool = False, chunk: int = 0, on=None):
+    """The cases of a chunk: ``(i, profile, context, case)``, all derived from ``seed``
+    and ``chunk``; ``on``: the device the tensors are made on (default ``device``)."""
     rng = random.Random(f"{name}/{seed}/{chunk}/{device}/{tiny}")
     profiles = [draw_profile(name, rng, device, tiny) for _ in range(n_profiles)]
     for i in range(n_cases):
@@ -820,7 +822,15 @@ def run_chunk(name: str, seed: int, n_cases: int, n_profiles: int, device: str,
         p = profiles[i % n_profiles]
         crng = random.Random(case_seed)
         gen = torch.Generator().manual_seed(case_seed)
-        case = draw_case(p, crng, gen, device, tiny)
+        case = draw_case(p, crng, gen, on or device, tiny, sizes_for=device)
         ctx = (f"[RL_TEST_SEED={seed} chunk={chunk} case={i} profile={i % n_profiles} "
                f"case_seed={case_seed}]")
+        yield i, p, ctx, case
+
+
+def run_chunk(name: str, seed: int, n_cases: int, n_profiles: int, device: str,
+              tiny: bool = False, slow_every: int = 16, chunk: int = 0):
+    """``n_cases`` random cases of ``name`` over ``n_profiles`` random profiles, all
+    derived from ``seed`` and ``chunk`` (printed in every failure message)."""
+    for i, p, ctx, case in chunk_cases(name, seed, n_cases, n_profiles, device, tiny, chunk):
         check_case(case, p, ctx, device, slow_check=i % slow_every == 0)
