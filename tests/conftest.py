@@ -166,3 +166,14 @@ def captured_launches(monkeypatch):
     monkeypatch.setattr(_launch.Plan, "_launch",
                         lambda self, args, device: cap.replayed.append(list(args)) or True)
     return cap
+
+
+def pytest_runtest_logreport(report):
+    """``RL_TEST_FAIL_LOG=<file>``: append each failure's report as it happens (a run cut
+    off by a time limit still leaves them; with xdist, the controller writes them)."""
+    path = os.environ.get("RL_TEST_FAIL_LOG")
+    if path and report.failed and not hasattr(report, "node"):
+        with open(path, "a") as f:
+            f.write(f"===== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
+            for name, text in report.sections:
+                f.write(f"--- {name}\n{text[-4000:]}\n")
