@@ -290,6 +290,10 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
       ``[..., A]`` (0 if omitted). Pass ``next_*`` where row t+1 is not s_{t+1}
       (after a truncation with a reset).
 
+    With float16 / bfloat16 inputs these pieces and the scan are computed in float32
+    (a half-precision product or log rounds at 2^-8 or 2^-11, which the recurrence can
+    amplify); the targets come back in the data's dtype.
+
     Args:
         q_values, target_probs: ``[..., T, A]`` Q(s_t, .) and pi(.|s_t); ``time_dim``
             indexes the per-step shape ``[..., T]`` (the action axis is last).
@@ -338,7 +342,10 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         raise ValueError(f"actions must lie in [0, {A}) (the action axis of q_values)")
     idx = actions.long().unsqueeze(-1)
     q_taken = q_values.gather(-1, idx).squeeze(-1)
-    log_rhos = target_probs.gather(-1, idx).squeeze(-1).log() - behaviour_log_probs
+    # the per-action products and the log ratio in at least float32 (a bfloat16 product or
+    # log rounds at 2^-8, and the recurrence can amplify it); the scan reads them as such
+    wide = _wide(q_values, target_probs)
+    log_rhos = target_probs.gather(-1, idx).squeeze(-1).to(wide).log() - behaviour_log_probs
     if next_q_values is None:
         notime = step_shape[:td] + step_shape[td + 1:] + (A,)
         boot = []
@@ -351,14 +358,29 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
             boot.append(t.expand(notime))
         # E over each step's own state, then shifted by one step: the [.., A] tensors are
         # read once (shifting them first copied both of them)
-        e_own = (target_probs * q_values).sum(-1)
-        e_boot = (boot[1] * boot[0]).sum(-1).unsqueeze(td)
+        e_own = (target_probs.to(wide) * q_values.to(wide)).sum(-1)
+        e_boot = (boot[1].to(wide) * boot[0].to(wide)).sum(-1).unsqueeze(td)
         expected_next_q = (torch.cat([e_own.narrow(td, 1, step_shape[td] - 1), e_boot], td)
                            if step_shape[td] else e_own)
     else:
-        expected_next_q = (next_target_probs * next_q_values).sum(-1)
-    return retrace(log_rhos, rewards, q_taken, expected_next_q, terminated, truncated,
-                   gamma=gamma, lmbda=lmbda, c_bar=c_bar, time_dim=time_dim, out=out)
+        expected_next_q = (next_target_probs.to(wide) * next_q_values.to(wide)).sum(-1)
+    if wide == rewards.dtype or rewards.dtype not in (torch.float16, torch.bfloat16):
+        return retrace(log_rhos, rewards, q_taken, expected_next_q, terminated, truncated,
+                       gamma=gamma, lmbda=lmbda, c_bar=c_bar, time_dim=time_dim, out=out)
+    # half-precision data: the scan runs on the float32 pieces, the result in the data's dtype
+    res = retrace(log_rhos, rewards.to(wide), q_taken.to(wide), expected_next_q,
+                  terminated, truncated, gamma=gamma, lmbda=lmbda, c_bar=c_bar,
+                  time_dim=time_dim, out=out)
+    return res if out is not None else res.to(rewards.dtype)
+
+
+def _wide(*ts):
+    """The dtype the per-action pieces are computed in: float32 for half-precision
+    inputs, else their own promoted floating dtype."""
+    dt = torch.promote_types(*(t.dtype for t in ts))
+    if not dt.is_floating_point or dt in (torch.float16, torch.bfloat16):
+        return torch.float32
+    return dt
 
 
 def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim, out=None):

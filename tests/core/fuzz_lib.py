@@ -751,7 +751,8 @@ def compare(got, want, dtype, ctx, tol=None):
     scale = max(1.0, float(want.abs().max()))
     err = (g - want).abs()
     bad = ~(err <= tol * scale + tol * want.abs())
-    if got.dtype in HALF:  # a result past the dtype's range rounds to inf of its sign
+    if got.dtype != torch.float64:  # a result past the dtype's range rounds to inf of its
+        # sign (float32 too: a per-stream gamma above 1 over 2,000 steps passes 3.4e38)
         top = torch.finfo(got.dtype).max
         bad &= ~((want.abs() > top) & (g == want.sign() * math.inf))
     if bad.any():

@@ -76,3 +76,29 @@ def test_retrace_from_actions_empty_time_axis(monkeypatch):
                                   torch.zeros(2, 0), torch.zeros(2, 0),
                                   torch.zeros(2, 0, dtype=torch.bool), time_dim=-1)
     assert got.shape == (2, 0)
+
+
+def _replay(name, seed, chunk, index):
+    """One case of the GPU fuzz (its sizes) drawn on the CPU and checked on the CPU path."""
+    from fuzz_lib import check_case, chunk_cases
+
+    for i, p, ctx, case in chunk_cases(name, seed, index + 1, GPU_PROFILES, "cuda",
+                                       chunk=chunk, on="cpu"):
+        if i == index:
+            check_case(case, p, ctx, "cpu", slow_check=True)
+
+
+def test_fuzz_found_float32_past_its_range(monkeypatch):
+    """Found by the GPU fuzz (seed 741678553): a per-stream gamma above 1 over 2,485 steps
+    takes the float32 targets past 3.4e38; inf of the right sign is the float32 result (the
+    comparison allowed it for float16 / bfloat16 only)."""
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
+    _replay("retrace_from_actions", 741678553, 0, 25)
+
+
+def test_fuzz_found_retrace_from_actions_bfloat16(monkeypatch):
+    """Found by the GPU fuzz (seed 741678553): bfloat16 inputs whose per-action products
+    and log ratio, rounded to bfloat16 before the scan, put 19 of 768 targets 30% off;
+    they are computed in float32 now."""
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
+    _replay("retrace_from_actions", 741678553, 2, 583)
