@@ -74,65 +74,97 @@ def kernel(mode, reverse, two_out, has_v, has_nv, has_trunc, has_boot, has_init,
 
 
 @numba.njit(cache=_CACHE)
-def _coefficients(MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, RB_TENSOR,
-                  CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, lm, gs, lms,
-                  rho, rb, cb, pb, rbs, cbs, pbs):
-    """(alpha, beta, v, p0, p1, vnext, cont) of stream (i, j) at step t; see
-    the coefficient builders of _kernel.py (V-trace's pg_t = p0 + [cont] p1 (vnext + D_{t+1}))."""
-    xt = float(x[i, j, t])
-    if MODE == MODE_LINREC:
-        return xt, float(v[i, j, t]), xt, 0.0, 0.0, 0.0, False
-    if MODE == MODE_TRACE:
-        tp = max(t - 1, 0)
+def _carry_in(MODE, REVERSE, HAS_V, G_TENSOR, L_TENSOR, CB_TENSOR, i, j, lo, hi, T, v, term, g,
+              lm, gs, lms, rho, cb, cbs):
+    """What a segment [lo, hi) needs from beyond it, for :func:`_coefficients`' carry
+    ``c = (has, c1, c2)``: in a reverse scan, whether step t + 1 < T exists and its
+    values V_{t+1} and (Retrace) lambda_{t+1} min(rho_{t+1}, c_bar_{t+1}); in the forward
+    trace, the decay gamma_{t-1} lambda_{t-1} [not done_{t-1}] entering step t (at t = 0,
+    gamma_0 lambda_0: it multiplies ``init``)."""
+    if MODE == MODE_TRACE and not REVERSE:
+        tp = max(lo - 1, 0)
         gamma = float(g[i, j, tp]) if G_TENSOR else gs
         lmbda = float(lm[i, j, tp]) if L_TENSOR else lms
-        notdone = (0.0 if term[i, j, tp] != 0 else 1.0) if t >= 1 else 1.0
-        return xt, gamma * lmbda if notdone != 0.0 else 0.0, xt, 0.0, 0.0, 0.0, False
-    gamma = float(g[i, j, t]) if G_TENSOR else gs
-    lmbda = float(lm[i, j, t]) if L_TENSOR else lms
+        cut = lo >= 1 and term[i, j, tp] != 0
+        return False, 0.0 if cut else gamma * lmbda, 0.0
+    has = hi < T
+    vnext = float(v[i, j, hi]) if HAS_V and has else 0.0
+    cnext = 0.0
+    if MODE == MODE_RETRACE and has:
+        lnext = float(lm[i, j, hi]) if L_TENSOR else lms
+        cbn = float(cb[i, j, hi]) if CB_TENSOR else cbs
+        cnext = lnext * min(np.exp(float(rho[i, j, hi])), cbn)
+    return has, vnext, cnext
+
+
+@numba.njit(cache=_CACHE)
+def _coefficients(MODE, REVERSE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR,
+                  RB_TENSOR, CB_TENSOR, PB_TENSOR, k, x, v, nv, term, trunc, bootv, g, lm, gs,
+                  lms, rho, rb, cb, pb, rbs, cbs, pbs, c):
+    """(alpha, beta, v, p0, p1, vnext, cont) of the ``k``-th step, in scan order, of a
+    segment's 1-D views (see the coefficient builders of _kernel.py; V-trace's
+    pg_t = p0 + [cont] p1 (vnext + D_{t+1})), and the carry ``c`` (:func:`_carry_in`)
+    for the step after it: what step t needs of its neighbour in time was read one
+    iteration before, so no index leaves the views and none is negative (numba's
+    indexing with a signed index it cannot prove >= 0 costs several instructions per
+    access)."""
+    has, c1, c2 = c
+    xt = float(x[k])
+    if MODE == MODE_LINREC:
+        return xt, float(v[k]), xt, 0.0, 0.0, 0.0, False, c
+    if MODE == MODE_TRACE:
+        gamma = float(g[k]) if G_TENSOR else gs
+        lmbda = float(lm[k]) if L_TENSOR else lms
+        own = 0.0 if term[k] != 0 else gamma * lmbda
+        if REVERSE:  # the adjoint: u_t = g_t + gamma_t lambda_t [not done_t] u_{t+1}
+            return xt, own, xt, 0.0, 0.0, 0.0, False, c
+        return xt, c1, xt, 0.0, 0.0, 0.0, False, (has, own, c2)
+    gamma = float(g[k]) if G_TENSOR else gs
+    lmbda = float(lm[k]) if L_TENSOR else lms
     # a flag is set where nonzero (2.0, -1, NaN), read here in the flag's own dtype (bool
     # as uint8, float): a compare and a select, no branch, no host-side conversion
-    te = 1.0 if term[i, j, t] != 0 else 0.0
-    done = max(te, 1.0 if trunc[i, j, t] != 0 else 0.0) if HAS_TRUNC else te
-    vt = float(v[i, j, t]) if HAS_V else 0.0
-    vnext = float(v[i, j, t + 1]) if HAS_V and t + 1 < T else 0.0
+    te = 1.0 if term[k] != 0 else 0.0
+    done = max(te, 1.0 if trunc[k] != 0 else 0.0) if HAS_TRUNC else te
+    vt = float(v[k]) if HAS_V else 0.0
+    vnext = c1
     if HAS_NV:
-        nvt = float(nv[i, j, t])
-    elif t + 1 < T:
+        nvt = float(nv[k])
+    elif has:
         nvt = vnext
     else:
-        nvt = float(boot[i, j]) if HAS_BOOT else 0.0
+        nvt = bootv
     # a set flag cuts by a select, never a product: 0 * NaN is NaN (semantics.md)
     bnv = 0.0 if te != 0.0 else gamma * nvt
     if MODE == MODE_GAE:
-        return xt + bnv - vt, 0.0 if done != 0.0 else gamma * lmbda, vt, 0.0, 0.0, 0.0, False
+        return (xt + bnv - vt, 0.0 if done != 0.0 else gamma * lmbda, vt, 0.0, 0.0, 0.0, False,
+                (True, vt, 0.0))
     if MODE == MODE_TDLAMBDA:
-        lc = 0.0 if (t == T - 1) | (done != 0.0) else lmbda
+        lc = 0.0 if (not has) | (done != 0.0) else lmbda
         return (xt + (0.0 if te != 0.0 else gamma * (1.0 - lc) * nvt),
-                0.0 if te != 0.0 else gamma * lc, vt, 0.0, 0.0, 0.0, False)
+                0.0 if te != 0.0 else gamma * lc, vt, 0.0, 0.0, 0.0, False, (True, vt, 0.0))
+    ratio = np.exp(float(rho[k]))
+    cbt = float(cb[k]) if CB_TENSOR else cbs
     if MODE == MODE_VTRACE:
-        ratio = np.exp(float(rho[i, j, t]))
-        rbt = float(rb[i, j, t]) if RB_TENSOR else rbs
-        cbt = float(cb[i, j, t]) if CB_TENSOR else cbs
-        pbt = float(pb[i, j, t]) if PB_TENSOR else pbs
+        rbt = float(rb[k]) if RB_TENSOR else rbs
+        pbt = float(pb[k]) if PB_TENSOR else pbs
         pgrho = min(ratio, pbt)
-        cont = done == 0.0 and t < T - 1
+        cont = done == 0.0 and has
         p0 = pgrho * (xt - vt + (0.0 if cont else bnv))
         return (min(ratio, rbt) * (xt + bnv - vt),
                 0.0 if done != 0.0 else gamma * lmbda * min(ratio, cbt), vt, p0, pgrho * gamma,
-                vnext, cont)
-    # Retrace: the trace of step t uses the ratio (lambda, c_bar) of step t+1
-    c_next = 0.0
-    if t + 1 < T:
-        ratio = np.exp(float(rho[i, j, t + 1]))
-        lnext = float(lm[i, j, t + 1]) if L_TENSOR else lms
-        cbt = float(cb[i, j, t + 1]) if CB_TENSOR else cbs
-        c_next = lnext * min(ratio, cbt)
-    return xt + bnv - vt, 0.0 if done != 0.0 else gamma * c_next, vt, 0.0, 0.0, 0.0, False
+                vnext, cont, (True, vt, 0.0))
+    # Retrace: the trace of step t uses the ratio (lambda, c_bar) of step t+1 (c2)
+    return (xt + bnv - vt, 0.0 if done != 0.0 else gamma * c2, vt, 0.0, 0.0, 0.0, False,
+            (True, vt, lmbda * min(ratio, cbt)))
 
 
 def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT, G_TENSOR,
            L_TENSOR, RB_TENSOR, CB_TENSOR, PB_TENSOR):
+    @numba.njit(cache=_CACHE)
+    def views(a, i, j, lo, hi):
+        """Stream (i, j)'s steps [lo, hi) in scan order, as a 1-D view."""
+        return a[i, j, lo:hi][::-1] if REVERSE else a[i, j, lo:hi]
+
     @numba.njit(nogil=True, cache=_CACHE)
     def scan(out0, out1, x, v, nv, term, trunc, boot, g, lm, gs, lms, init, rho, rb, cb, pb, rbs,
              cbs, pbs, seg_len, ws_a, ws_b, phase, job_lo, job_hi):
@@ -151,17 +183,23 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
             j = n % N2
             lo = s * seg_len
             hi = min(lo + seg_len, T)
+            c = _carry_in(MODE, REVERSE, HAS_V, G_TENSOR, L_TENSOR, CB_TENSOR, i, j, lo, hi, T,
+                          v, term, g, lm, gs, lms, rho, cb, cbs)
+            xs, vs, nvs = views(x, i, j, lo, hi), views(v, i, j, lo, hi), views(nv, i, j, lo, hi)
+            tes, trs = views(term, i, j, lo, hi), views(trunc, i, j, lo, hi)
+            gv, lv, rh = views(g, i, j, lo, hi), views(lm, i, j, lo, hi), views(rho, i, j, lo, hi)
+            rbv, cbv, pbv = views(rb, i, j, lo, hi), views(cb, i, j, lo, hi), views(pb, i, j, lo, hi)
+            bootv = float(boot[i, j]) if HAS_BOOT else 0.0
             if phase == 1:
                 # each segment's composed map h_in -> a + b * h_in; a zero beta drops the
                 # carry (h = alpha, even for a NaN h), so a zero factor makes b exactly 0
                 a = 0.0
                 b = 1.0
                 for k in range(hi - lo):
-                    t = hi - 1 - k if REVERSE else lo + k
-                    al, be, _, _, _, _, _ = _coefficients(
-                        MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, RB_TENSOR,
-                        CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, lm, gs,
-                        lms, rho, rb, cb, pb, rbs, cbs, pbs)
+                    al, be, _, _, _, _, _, c = _coefficients(
+                        MODE, REVERSE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR,
+                        RB_TENSOR, CB_TENSOR, PB_TENSOR, k, xs, vs, nvs, tes, trs, bootv, gv, lv,
+                        gs, lms, rh, rbv, cbv, pbv, rbs, cbs, pbs, c)
                     a = al if be == 0.0 else al + be * a
                     b = 0.0 if (be == 0.0) | (b == 0.0) else be * b
                 ws_a[n, s] = a
@@ -175,23 +213,23 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
             else:
                 for q in range(s):
                     h = ws_a[n, q] if ws_b[n, q] == 0.0 else ws_a[n, q] + ws_b[n, q] * h
+            o0, o1 = views(out0, i, j, lo, hi), views(out1, i, j, lo, hi)
             for k in range(hi - lo):
-                t = hi - 1 - k if REVERSE else lo + k
-                al, be, vt, p0, p1, vnext, cont = _coefficients(
-                    MODE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR, RB_TENSOR,
-                    CB_TENSOR, PB_TENSOR, i, j, t, T, x, v, nv, term, trunc, boot, g, lm, gs, lms,
-                    rho, rb, cb, pb, rbs, cbs, pbs)
+                al, be, vt, p0, p1, vnext, cont, c = _coefficients(
+                    MODE, REVERSE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR,
+                    RB_TENSOR, CB_TENSOR, PB_TENSOR, k, xs, vs, nvs, tes, trs, bootv, gv, lv, gs,
+                    lms, rh, rbv, cbv, pbv, rbs, cbs, pbs, c)
                 d_next = h
                 h = al if be == 0.0 else al + be * h
                 if MODE == MODE_VTRACE:
-                    out0[i, j, t] = h + vt
-                    out1[i, j, t] = p0 + (p1 * (vnext + d_next) if cont else 0.0)
+                    o0[k] = h + vt
+                    o1[k] = p0 + (p1 * (vnext + d_next) if cont else 0.0)
                 elif MODE == MODE_RETRACE:
-                    out0[i, j, t] = h + vt
+                    o0[k] = h + vt
                 else:
-                    out0[i, j, t] = h
+                    o0[k] = h
                     if TWO_OUT:
-                        out1[i, j, t] = h + vt
+                        o1[k] = h + vt
 
     return scan
 
