@@ -123,8 +123,8 @@ def _coefficients(MODE, REVERSE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L
     lmbda = float(lm[k]) if L_TENSOR else lms
     # a flag is set where nonzero (2.0, -1, NaN), read here in the flag's own dtype (bool
     # as uint8, float): a compare and a select, no branch, no host-side conversion
-    te = 1.0 if term[k] != 0 else 0.0
-    done = max(te, 1.0 if trunc[k] != 0 else 0.0) if HAS_TRUNC else te
+    te = term[k] != 0
+    done = (te | (trunc[k] != 0)) if HAS_TRUNC else te
     vt = float(v[k]) if HAS_V else 0.0
     vnext = c1
     if HAS_NV:
@@ -134,27 +134,27 @@ def _coefficients(MODE, REVERSE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L
     else:
         nvt = bootv
     # a set flag cuts by a select, never a product: 0 * NaN is NaN (semantics.md)
-    bnv = 0.0 if te != 0.0 else gamma * nvt
+    bnv = 0.0 if te else gamma * nvt
     if MODE == MODE_GAE:
-        return (xt + bnv - vt, 0.0 if done != 0.0 else gamma * lmbda, vt, 0.0, 0.0, 0.0, False,
+        return (xt + bnv - vt, 0.0 if done else gamma * lmbda, vt, 0.0, 0.0, 0.0, False,
                 (True, vt, 0.0))
     if MODE == MODE_TDLAMBDA:
-        lc = 0.0 if (not has) | (done != 0.0) else lmbda
-        return (xt + (0.0 if te != 0.0 else gamma * (1.0 - lc) * nvt),
-                0.0 if te != 0.0 else gamma * lc, vt, 0.0, 0.0, 0.0, False, (True, vt, 0.0))
+        lc = 0.0 if (not has) | done else lmbda
+        return (xt + (0.0 if te else gamma * (1.0 - lc) * nvt),
+                0.0 if te else gamma * lc, vt, 0.0, 0.0, 0.0, False, (True, vt, 0.0))
     ratio = np.exp(float(rho[k]))
     cbt = float(cb[k]) if CB_TENSOR else cbs
     if MODE == MODE_VTRACE:
         rbt = float(rb[k]) if RB_TENSOR else rbs
         pbt = float(pb[k]) if PB_TENSOR else pbs
         pgrho = min(ratio, pbt)
-        cont = done == 0.0 and has
+        cont = (not done) and has
         p0 = pgrho * (xt - vt + (0.0 if cont else bnv))
         return (min(ratio, rbt) * (xt + bnv - vt),
-                0.0 if done != 0.0 else gamma * lmbda * min(ratio, cbt), vt, p0, pgrho * gamma,
+                0.0 if done else gamma * lmbda * min(ratio, cbt), vt, p0, pgrho * gamma,
                 vnext, cont, (True, vt, 0.0))
     # Retrace: the trace of step t uses the ratio (lambda, c_bar) of step t+1 (c2)
-    return (xt + bnv - vt, 0.0 if done != 0.0 else gamma * c2, vt, 0.0, 0.0, 0.0, False,
+    return (xt + bnv - vt, 0.0 if done else gamma * c2, vt, 0.0, 0.0, 0.0, False,
             (True, vt, lmbda * min(ratio, cbt)))
 
 
