@@ -188,7 +188,8 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
             xs, vs, nvs = views(x, i, j, lo, hi), views(v, i, j, lo, hi), views(nv, i, j, lo, hi)
             tes, trs = views(term, i, j, lo, hi), views(trunc, i, j, lo, hi)
             gv, lv, rh = views(g, i, j, lo, hi), views(lm, i, j, lo, hi), views(rho, i, j, lo, hi)
-            rbv, cbv, pbv = views(rb, i, j, lo, hi), views(cb, i, j, lo, hi), views(pb, i, j, lo, hi)
+            rbv, cbv = views(rb, i, j, lo, hi), views(cb, i, j, lo, hi)
+            pbv = views(pb, i, j, lo, hi)
             bootv = float(boot[i, j]) if HAS_BOOT else 0.0
             if phase == 1:
                 # each segment's composed map h_in -> a + b * h_in; a zero beta drops the

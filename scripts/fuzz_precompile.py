@@ -26,9 +26,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "core"))
 def _work(args):
     jobs, seed, n_cases, n_profiles, sms = args
     os.environ["OMP_NUM_THREADS"] = "1"
+    import fuzz_lib
     import torch
 
-    import fuzz_lib
     from rl_triton_core import _dispatch, _launch
 
     torch.set_num_threads(1)
