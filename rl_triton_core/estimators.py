@@ -344,7 +344,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
     q_taken = q_values.gather(-1, idx).squeeze(-1)
     # the per-action products and the log ratio in at least float32 (a bfloat16 product or
     # log rounds at 2^-8, and the recurrence can amplify it); the scan reads them as such
-    wide = _wide(q_values, target_probs)
+    wide = _autograd._cdtype(torch.promote_types(q_values.dtype, target_probs.dtype))
     log_rhos = target_probs.gather(-1, idx).squeeze(-1).to(wide).log() - behaviour_log_probs
     if next_q_values is None:
         notime = step_shape[:td] + step_shape[td + 1:] + (A,)
@@ -364,7 +364,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
                            if step_shape[td] else e_own)
     else:
         expected_next_q = (next_target_probs.to(wide) * next_q_values.to(wide)).sum(-1)
-    if wide == rewards.dtype or rewards.dtype not in (torch.float16, torch.bfloat16):
+    if rewards.dtype not in (torch.float16, torch.bfloat16):
         return retrace(log_rhos, rewards, q_taken, expected_next_q, terminated, truncated,
                        gamma=gamma, lmbda=lmbda, c_bar=c_bar, time_dim=time_dim, out=out)
     # half-precision data: the scan runs on the float32 pieces, the result in the data's dtype
@@ -372,15 +372,6 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
                   terminated, truncated, gamma=gamma, lmbda=lmbda, c_bar=c_bar,
                   time_dim=time_dim, out=out)
     return res if out is not None else res.to(rewards.dtype)
-
-
-def _wide(*ts):
-    """The dtype the per-action pieces are computed in: float32 for half-precision
-    inputs, else their own promoted floating dtype."""
-    dt = torch.promote_types(*(t.dtype for t in ts))
-    if not dt.is_floating_point or dt in (torch.float16, torch.bfloat16):
-        return torch.float32
-    return dt
 
 
 def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim, out=None):
