@@ -3,7 +3,7 @@
 The same recurrences as :mod:`rl_triton_core._token_kernel`, one response per
 loop iteration, in float64; responses are split over the CPU path's threads (numba
 releases the GIL) as the scan's streams are. Inputs are numpy views ``[R, P]`` (strided,
-no copy): a right-padded batch is ``R`` rows of ``P = T`` tokens; a packed stream is
+no copy; bfloat16 data as an int16 view of its bits): a right-padded batch is ``R`` rows of ``P = T`` tokens; a packed stream is
 one row whose responses start at ``starts[i]`` and run ``lens[i]`` tokens.
 """
 
@@ -16,13 +16,38 @@ import sys
 import numba
 import numpy as np
 from numba import types
-from numba.extending import overload
+from llvmlite import ir
+from numba.extending import intrinsic, overload
 
 from rl_triton_core import _cpu
 from rl_triton_core._cpu import _CACHE
 from rl_triton_core._cpu_first import settle  # noqa: F401 (no numba call beside a warm-up)
 
 GAE_SKIP, GAE_MUL, RET_SKIP, RET_MUL = 0, 1, 2, 3
+
+
+@intrinsic
+def _bf16_bits(typingctx, u):
+    """The float64 of bfloat16 bits held in an int16 (the high half of a float32)."""
+    sig = types.float64(u)
+
+    def codegen(context, builder, signature, args):
+        x = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.fpext(builder.bitcast(x, ir.FloatType()), ir.DoubleType())
+
+    return sig, codegen
+
+
+def _num(x):
+    """An element as a float64: bfloat16 arrives as its bits in an int16 view (no copy)."""
+    raise NotImplementedError("numba only")
+
+
+@overload(_num, jit_options={"cache": _CACHE})
+def _num_impl(x):
+    if x == types.int16:
+        return lambda x: _bf16_bits(x)
+    return lambda x: float(x)
 
 
 def _stored(out, x):
@@ -72,16 +97,16 @@ def _make_scan(MODE):
             kk = 0.0
             for j in range(n):
                 ok = mm[j] != 0
-                rt = float(rr[j])
+                rt = _num(rr[j])
                 if MODE == GAE_SKIP:
-                    vt = float(vv[j])
+                    vt = _num(vv[j])
                     new = rt + g * nv - vt + gl * carry
                     carry = new if ok else carry
                     nv = vt if ok else nv
                     y = carry
                     o1[j] = carry + vt
                 elif MODE == GAE_MUL:
-                    vt = float(vv[j]) if ok else 0.0
+                    vt = _num(vv[j]) if ok else 0.0
                     rt = rt if ok else 0.0
                     carry = rt + g * nv - vt + gl * carry
                     nv = vt
@@ -126,7 +151,7 @@ def row_stats(x, m, rows, starts, lens, stats, lo, hi):
         for k in range(lens[i]):
             p = starts[i] + k
             if m[row, p] != 0:
-                xt = float(x[row, p])
+                xt = _num(x[row, p])
                 cnt += 1.0
                 d = xt - mean
                 mean += d / cnt
@@ -168,7 +193,7 @@ def _make_whiten(SHIFT, FILL):
             s = starts[i]
             for k in range(lens[i]):
                 p = s + k
-                y = (float(x[row, p]) - mu) * rstd
+                y = (_num(x[row, p]) - mu) * rstd
                 if not SHIFT:
                     y += mu
                 if FILL:

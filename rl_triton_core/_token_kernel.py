@@ -174,45 +174,45 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
     carry_nv = z
     carry = z
     # whitening statistics per element slot, reduced once at the end: count, and the
-    # sum and sum of squares of (h - k), k the slot's first valid value (no cancellation)
+    # sum and sum of squares of (h - k), k a shift near the data (no cancellation): the
+    # first nonzero carry out of a chunk, an output of the scan itself
     s0 = zero
     s1 = zero
     s2 = zero
-    k = zero
-    kset = (i + j) < 0
+    k = z
+    lane = tl.arange(0, RW)
+    prev = tl.maximum(lane - 1, 0)
+    first = lane == 0
+    last = lane == RW - 1  # the chunk's first token: row RW-1, token 0
     n_chunks = tl.cdiv(L, BT)
     for c in tl.range(0, n_chunks, num_stages=STAGES):
         # A chunk is RW rows of 4 consecutive tokens, row 0 the latest, one row per
-        # thread (its loads vectorise). A token's state is its row's suffix map (built
-        # in the thread) applied to the state entering the row, which a FORWARD scan
-        # over rows gives. Each thread also builds the map of the row after its own, so
-        # that scan is inclusive. (A reverse tl.associative_scan flips every operand
-        # through five warp shuffles per element: shuffle throughput bound the kernel.)
+        # thread (its loads vectorise). Each thread composes its row's maps in
+        # registers (token 3 first); a FORWARD scan over the rows gives the state after
+        # every row, and the state entering row i is the one after row i - 1, moved one
+        # lane by a gather. (A reverse tl.associative_scan flips every operand through
+        # five warp shuffles per element: shuffle throughput bound the kernel.)
         t = (n_chunks - c) * BT - 4 * (i + 1) + j
         ok = t < L
-        tn = t + 4
-        okn = (tn < L) & (i > 0)
         m, v, p, q, x, y, zz = _coefs(R, V, M, t, ok, srt, svt, smt, g, gl, zero, MODE, FP64)
         if MODE == MODE_STATS:
             h = v
         else:
-            _m, _v, pn, qn, xn, yn, zn = _coefs(R, V, M, tn, okn, srt, svt, smt, g, gl, zero,
-                                               MODE, FP64)
-            nxt = _suffixes(pn, qn, xn, yn, zn)[0]
-            pr, qr, xr, yr, zr = tl.associative_scan(nxt, 0, _combine2)
-            ea = pr + xr * carry + yr * carry_nv  # the state entering each row
-            en = qr + zr * carry_nv
             w0, w1, w2, w3 = _suffixes(p, q, x, y, zz)
-            h0 = w0[0] + w0[2] * ea + w0[3] * en
+            pr, qr, xr, yr, zr = tl.associative_scan(w0, 0, _combine2)
+            oa = pr + xr * carry + yr * carry_nv  # the state after each row
+            on = qr + zr * carry_nv
+            ea = tl.where(first, carry, tl.gather(oa, prev, 0))  # ... and entering it
+            en = tl.where(first, carry_nv, tl.gather(on, prev, 0))
+            h0 = oa
             h1 = w1[0] + w1[2] * ea + w1[3] * en
             h2 = w2[0] + w2[2] * ea + w2[3] * en
             h3 = w3[0] + w3[2] * ea + w3[3] * en
             h = tl.where(j == 0, h0[:, None], tl.where(j == 1, h1[:, None],
                          tl.where(j == 2, h2[:, None], h3[:, None])))
-            last = tl.arange(0, RW) == RW - 1  # the chunk's first token: row RW-1, token 0
-            carry = tl.sum(tl.where(last, h0, 0.0), axis=0)
+            carry = tl.sum(tl.where(last, oa, 0.0), axis=0)
             if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
-                carry_nv = tl.sum(tl.where(last, w0[1] + w0[4] * en, 0.0), axis=0)
+                carry_nv = tl.sum(tl.where(last, on, 0.0), axis=0)
                 tl.store(ADV + t, h.to(ADV.dtype.element_ty), mask=ok)
                 if MODE == MODE_GAE_SKIP:
                     tl.store(RET + t, (h + v).to(RET.dtype.element_ty), mask=ok)
@@ -224,8 +224,16 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
             else:
                 tl.store(ADV + t, h.to(ADV.dtype.element_ty), mask=ok)
         if WHITEN:
-            k = tl.where(kset, k, h)
-            kset = kset | m
+            if MODE == MODE_STATS:  # the chunk's first token (0 where masked)
+                pick = tl.sum(tl.sum(tl.where((i == RW - 1) & (j == 0), h, 0.0), axis=1),
+                              axis=0)
+            else:
+                pick = carry
+            kn = tl.where(k != 0, k, pick)
+            if kn != k:  # once: re-shift what earlier chunks summed with k = 0
+                s2 = s2 - 2.0 * kn * s1 + s0 * kn * kn
+                s1 = s1 - s0 * kn
+                k = kn
             d = tl.where(m, h - k, 0.0)
             s0 += m.to(zero.dtype)
             s1 += d

@@ -230,10 +230,26 @@ def _run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src=None):
 
 
 def _np(t):
-    """A numpy view (float32 for half types, which numpy lacks: a copy on the CPU path)."""
-    if t.dtype in (torch.float16, torch.bfloat16):
+    """A numpy view of data: bfloat16 as an int16 view of its bits, which the CPU path
+    decodes (no copy); float16 as a float32 copy."""
+    if t.dtype == torch.bfloat16:
+        return t.detach().view(torch.int16).numpy()
+    if t.dtype == torch.float16:
         t = t.float()
     return t.detach().numpy()
+
+
+def _np_mask(m):
+    """A numpy view of a mask, read as ``!= 0`` (half types as a float32 copy: the bits of
+    -0.0 are nonzero)."""
+    import numpy as np
+
+    m = m.detach()
+    if m.dtype == torch.bool:
+        return m.numpy().view(np.uint8)
+    if m.dtype in (torch.float16, torch.bfloat16):
+        return m.float().numpy()
+    return m.numpy()
 
 
 def _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
@@ -248,7 +264,7 @@ def _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         lens = np.maximum(lens, 0)
     n, work = rows.shape[0], r.numel()
     stats = np.zeros((n, 3))
-    mm = _np(m) if m.dtype != torch.bool else m.numpy().view(np.uint8)
+    mm = _np_mask(m)
     half = out0.dtype in (torch.float16, torch.bfloat16)
     o0 = torch.empty(out0.shape, dtype=torch.float64) if half else out0
     k.huge_pages(o0)  # fresh buffers: fewer page faults on the first writes

@@ -8,8 +8,13 @@
 # full: the benchmark at every shape, after warming the Triton and inductor caches
 # with one process per shape (those runs' timings are thrown away)
 set -u
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# the adapters import as rl_triton_<framework> (integrations/<framework>/, mapped by
+# pyproject.toml): a folder of links puts them on the path without an install
+pkgs=/tmp/rl_triton_pkgs; mkdir -p $pkgs
+for d in integrations/*/; do f=$(basename "$d"); ln -sfn "$PWD/$d" "$pkgs/rl_triton_$f"; done
+export PYTHONPATH=$PWD:$pkgs${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+export RL_TEST_TIME_LOG=${RL_TEST_TIME_LOG:-$OUT/test_times.txt}
 what=${1:-all}; shift || true
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" | tee -a "$OUT/gpu.txt"
@@ -28,18 +33,31 @@ if [[ $what == fuzz ]]; then
   gpus=$(nvidia-smi -L | wc -l)
   export RL_TEST_SEED=${RL_TEST_SEED:-$(( RANDOM * 32768 + RANDOM ))} OMP_NUM_THREADS=1
   echo "fuzz seed $RL_TEST_SEED" | tee "$OUT/fuzz_seed.txt"
+  if [[ ${HUGE:-0} == 1 ]]; then  # the huge-tensor tests (one process, ~120 GB) beside the
+    # precompile, which needs no GPU; the fuzz waits for them
+    timeout ${HUGE_TIMEOUT:-150} python -m pytest tests/core/test_huge.py -m gpu -v -rf \
+      -p no:cacheprovider -W ignore > "$OUT/huge.log" 2>&1 &
+    huge=$!
+  fi
   cached=$(ls "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" 2>/dev/null | wc -l)
   echo "Triton cache entries: $cached"
   if (( cached < ${PRECOMPILE_SKIP_AT:-3000} )); then
     timeout ${PRECOMPILE_TIMEOUT:-240} python scripts/fuzz_precompile.py > "$OUT/precompile.log" 2>&1
     tail -3 "$OUT/precompile.log"
   fi
+  if [[ ${HUGE:-0} == 1 ]]; then wait $huge; echo "huge:"; tail -n 3 "$OUT/huge.log"; fi
   RL_TEST_FAIL_LOG=$OUT/fuzz_failures.txt RL_TEST_GPUS=$gpus timeout ${FUZZ_TIMEOUT:-300} \
     python -m pytest tests/core/test_fuzz.py tests/core/test_determinism.py -m gpu -rf -v \
     -n ${FUZZ_WORKERS:-$(( 4 * gpus ))} \
     -p no:cacheprovider -W ignore --durations=20 > "$OUT/fuzz.log" 2>&1
   grep -E "FAILED|passed|failed|error" "$OUT/fuzz.log" | tail -25
   head -c 3000 "$OUT/fuzz_failures.txt" 2>/dev/null
+  if [[ -n ${FUZZ_THEN:-} ]]; then  # more GPU tests after the fuzz, e.g. a few files
+    RL_TEST_FAIL_LOG=$OUT/then_failures.txt timeout ${THEN_TIMEOUT:-60} python -m pytest \
+      $FUZZ_THEN -m gpu -q -rf -n ${THEN_WORKERS:-3} -p no:cacheprovider -W ignore \
+      > "$OUT/then.log" 2>&1
+    grep -E "^FAILED|passed|failed|error" "$OUT/then.log" | tail -10
+  fi
 fi
 # llm: the verl / OpenRLHF / TRL adapters' GPU tests and the token benchmark; needs the
 # cp312 wheels in .llmwhl/ carried (carry=[".llmwhl"]: verl, openrlhf and trl without their

@@ -170,7 +170,12 @@ def captured_launches(monkeypatch):
 
 def pytest_runtest_logreport(report):
     """``RL_TEST_FAIL_LOG=<file>``: append each failure's report as it happens (a run cut
-    off by a time limit still leaves them; with xdist, the controller writes them)."""
+    off by a time limit still leaves them; with xdist, the controller writes them).
+    ``RL_TEST_TIME_LOG=<file>``: a line per test as it ends (its time and outcome)."""
+    timing = os.environ.get("RL_TEST_TIME_LOG")  # "<seconds> <outcome> <test>" per phase
+    if timing and not hasattr(report, "node") and (report.when == "call" or report.failed):
+        with open(timing, "a") as f:
+            f.write(f"{report.duration:8.2f} {report.outcome} {report.nodeid} {report.when}\n")
     path = os.environ.get("RL_TEST_FAIL_LOG")
     if path and report.failed and not hasattr(report, "node"):
         with open(path, "a") as f:

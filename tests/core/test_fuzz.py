@@ -78,14 +78,15 @@ def test_retrace_from_actions_empty_time_axis(monkeypatch):
     assert got.shape == (2, 0)
 
 
-def _replay(name, seed, chunk, index):
-    """One case of the GPU fuzz (its sizes) drawn on the CPU and checked on the CPU path."""
+def _replay(name, seed, chunk, index, device="cpu"):
+    """One case of the GPU fuzz (its sizes), checked on the CPU path (drawn on the CPU) or
+    on CUDA."""
     from fuzz_lib import check_case, chunk_cases
 
     for i, p, ctx, case in chunk_cases(name, seed, index + 1, GPU_PROFILES, "cuda",
-                                       chunk=chunk, on="cpu"):
+                                       chunk=chunk, on=device):
         if i == index:
-            check_case(case, p, ctx, "cpu", slow_check=True)
+            check_case(case, p, ctx, device, slow_check=True)
 
 
 def test_fuzz_found_float32_past_its_range(monkeypatch):
@@ -94,6 +95,19 @@ def test_fuzz_found_float32_past_its_range(monkeypatch):
     comparison allowed it for float16 / bfloat16 only)."""
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
     _replay("retrace_from_actions", 741678553, 0, 25)
+
+
+@pytest.mark.gpu
+def test_fuzz_found_float32_overflow_inside_the_range_cuda(monkeypatch):
+    """Found by the GPU fuzz (seed 741678553), on CUDA: in case 25, 3 targets of about
+    -2.9e38, just inside float32's range, came out -inf (an intermediate overflowed
+    first); in case 31, where the float64 reference itself overflows to -inf, NaN. The
+    comparison accepts both where the output passes the dtype's range."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    _replay("retrace_from_actions", 741678553, 0, 25, device="cuda")
+    _replay("retrace_from_actions", 741678553, 0, 31, device="cuda")
 
 
 def test_fuzz_found_retrace_from_actions_bfloat16(monkeypatch):

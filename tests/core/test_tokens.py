@@ -267,3 +267,34 @@ def test_kernel_tiles(where, monkeypatch, bt, warps):
     pa, _ = rc.masked_gae(r[keep], v[keep], m[keep], gamma=0.9, lmbda=0.7, cu_seqlens=cu,
                           time_dim=0)
     torch.testing.assert_close(pa, a[keep], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_whitening_shift(where, monkeypatch, skip):
+    """The kernel sums (x - k)^2 with k the first nonzero carry out of a chunk: valid
+    tokens summed before k was known (row 0's last chunks, whose advantages are exactly
+    0) must be re-shifted to it; values near 1000, float32, many chunks per response."""
+    device, backend = where
+    if backend == "cpu":
+        pytest.skip("the Triton kernel's tiling")
+    from rl_triton_core import _token_kernel
+
+    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (16, 1, 1))
+    g = torch.Generator().manual_seed(5)
+    B, T = 3, 1024
+    r = torch.randn(B, T, generator=g)
+    v = 1000 + torch.randn(B, T, generator=g)
+    r[0, 992:] = 0.0
+    v[0, 992:] = 0.0  # row 0: two chunks of valid tokens whose advantages are 0
+    m = torch.ones(B, T, dtype=torch.bool)
+    m[2, 1000:] = False  # row 2: its last chunk is padding
+    r, v, m = r.to(device), v.to(device), m.to(device)
+    a, _ = rc.masked_gae(r, v, m, gamma=0.9, lmbda=0.7, skip=skip, whiten=True,
+                         count_eps=1e-8, time_dim=-1)
+    wa, _ = ref.masked_gae(r.double(), v.double(), m, gamma=0.9, lmbda=0.7, skip=skip,
+                           whiten=True, count_eps=1e-8, time_dim=-1)
+    _close(a, wa, torch.float32, f"skip={skip}")
+    x = 1000 + torch.randn(B, T, generator=g).to(device)
+    x[0, 992:] = 0.0
+    _close(rc.masked_whiten(x, m), ref.masked_whiten(x.double(), m),
+           torch.float32, "masked_whiten")
