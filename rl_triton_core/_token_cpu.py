@@ -3,8 +3,9 @@
 The same recurrences as :mod:`rl_triton_core._token_kernel`, one response per
 loop iteration, in float64; responses are split over the CPU path's threads (numba
 releases the GIL) as the scan's streams are. Inputs are numpy views ``[R, P]`` (strided,
-no copy; bfloat16 data as an int16 view of its bits): a right-padded batch is ``R`` rows of ``P = T`` tokens; a packed stream is
-one row whose responses start at ``starts[i]`` and run ``lens[i]`` tokens.
+no copy; bfloat16 data as an int16 view of its bits): a right-padded batch is ``R`` rows
+of ``P = T`` tokens; a packed stream is one row whose responses start at ``starts[i]``
+and run ``lens[i]`` tokens.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import sys
 
 import numba
 import numpy as np
-from numba import types
 from llvmlite import ir
+from numba import types
 from numba.extending import intrinsic, overload
 
 from rl_triton_core import _cpu
