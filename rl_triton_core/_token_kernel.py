@@ -12,18 +12,22 @@ semantics are two coupled recurrences, scanned together as one affine map of the
 The maps compose associatively (5 numbers each). A chunk is rows of 4 tokens, one row
 per thread: each thread composes its row's maps in registers, and one forward
 ``tl.associative_scan`` over the rows joins them (see the loop's comment for why not a
-reverse scan).
+reverse scan). Where few responses cannot fill the GPU, each program takes one chunk
+instead and the carry entering it comes from a look-back over the maps the chunks
+after it publish (composed in a fixed order: the outputs repeat bit for bit).
 
 Whitening needs the mean and variance over every valid token of the batch: each
-program keeps its row's (count, mean, M2) (Chan et al.'s pairwise update per chunk),
-the last program to finish (an atomic ticket) combines the rows in a fixed order and
-writes (mean, 1/std); :func:`whiten_kernel` then normalises in place. No host sync.
+program keeps its (count, mean, M2) (per element slot, combined by Chan et al.'s
+pairwise update at its end); :func:`whiten_kernel`'s programs each combine them in
+the same fixed order, then normalise in place. No host sync, no atomics.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from rl_triton_core._kernel import _wait
 
 MODE_GAE_SKIP = tl.constexpr(0)  # verl: advantages and next values carried over masked tokens
 MODE_GAE_MUL = tl.constexpr(1)  # OpenRLHF: rewards and values multiplied by the mask
@@ -130,18 +134,32 @@ def _valid(M, off, ok):
 
 
 @triton.jit
-def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
-                      srn, srt, svn, svt, smn, smt, T, N,
-                      g_hi, g_lo, gl_hi, gl_lo, ce_hi, ce_lo, eps_hi, eps_lo,
+def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T, N, S,
+                      g_hi, g_lo, gl_hi, gl_lo,
                       MODE: tl.constexpr, PACKED: tl.constexpr, WHITEN: tl.constexpr,
-                      UNBIASED: tl.constexpr, FP64: tl.constexpr, BT: tl.constexpr,
-                      RB: tl.constexpr, STAGES: tl.constexpr):
+                      FP64: tl.constexpr, BT: tl.constexpr, STAGES: tl.constexpr,
+                      SPLIT: tl.constexpr, LW: tl.constexpr):
     """One response per program, scanned from its end BT tokens at a time (chunks
-    aligned to BT from its start, so loads vectorise). Row bases are 64-bit scalars,
-    token offsets 32-bit (the launcher checks a row's extent fits). Inputs by
-    (row, token) strides; outputs contiguous (padded: row * T + t; packed: the
-    stream's position)."""
-    row = tl.program_id(0)
+    aligned to BT from its start, so loads vectorise); or, where SPLIT (padded data,
+    few rows), one chunk per program, S = cdiv(T, BT) of them per row, in ticket order,
+    the carry entering each from a look-back over the maps of the chunks after it.
+    Row bases are 64-bit scalars, token offsets 32-bit (the launcher checks a row's
+    extent fits). Inputs by (row, token) strides; outputs contiguous (padded:
+    row * T + t; packed: the stream's position). WS: the whitening statistics of each
+    program (count, mean, M2: [3, E], E programs), then where SPLIT the chunks' maps
+    ([5, E]), their statuses and the ticket counter (zeroed per call)."""
+    if SPLIT:
+        E = N * S
+        FL = (WS + 8 * E).to(tl.pointer_type(tl.int32))
+        tk = tl.atomic_add(FL + E, 1)  # a program waits only on earlier tickets: started
+        row = tk // S
+        c_lo = tk % S  # the chunk, counted from the row's end
+        c_hi = c_lo + 1
+        e = tk
+    else:
+        E = N
+        row = tl.program_id(0)
+        e = row
     if PACKED:
         start = tl.load(CU + row).to(tl.int64)
         L = (tl.load(CU + row + 1).to(tl.int64) - start).to(tl.int32)
@@ -185,7 +203,10 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
     first = lane == 0
     last = lane == RW - 1  # the chunk's first token: row RW-1, token 0
     n_chunks = tl.cdiv(L, BT)
-    for c in tl.range(0, n_chunks, num_stages=STAGES):
+    if not SPLIT:
+        c_lo = 0
+        c_hi = n_chunks
+    for c in tl.range(c_lo, c_hi, num_stages=STAGES):
         # A chunk is RW rows of 4 consecutive tokens, row 0 the latest, one row per
         # thread (its loads vectorise). Each thread composes its row's maps in
         # registers (token 3 first); a FORWARD scan over the rows gives the state after
@@ -200,6 +221,9 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
         else:
             w0, w1, w2, w3 = _suffixes(p, q, x, y, zz)
             pr, qr, xr, yr, zr = tl.associative_scan(w0, 0, _combine2)
+            if SPLIT:  # the carry entering this chunk: the maps of those after it
+                carry, carry_nv = _look_back(WS + 3 * E, FL, row * S, c, E, pr, qr, xr, yr,
+                                             zr, last, LW)
             oa = pr + xr * carry + yr * carry_nv  # the state after each row
             on = qr + zr * carry_nv
             ea = tl.where(first, carry, tl.gather(oa, prev, 0))  # ... and entering it
@@ -245,19 +269,46 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, TICKET, STATS,
         cnt, mean, m2 = tl.reduce((n_l, mean_l, q_l), 1, _chan)
         cnt, mean, m2 = tl.reduce((cnt, mean, m2), 0, _chan)
     if WHITEN:
-        tl.store(WS + row, cnt)
-        tl.store(WS + N + row, mean)
-        tl.store(WS + 2 * N + row, m2)
-        if tl.atomic_add(TICKET, 1) == N - 1:  # the last program: every row's stats are out
-            _finish(WS, STATS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED, FP64, RB)
+        tl.store(WS + e, cnt)
+        tl.store(WS + E + e, mean)
+        tl.store(WS + 2 * E + e, m2)
 
 
 @triton.jit
-def _finish(WS, STATS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
-            FP64: tl.constexpr, RB: tl.constexpr):
-    """Combine the rows' (count, mean, M2) in a fixed order; store the whitening's
+def _look_back(AG, FL, base, c, E, pr, qr, xr, yr, zr, last, LW: tl.constexpr):
+    """Publish this chunk's map (the scan's last row: the whole chunk), then compose
+    those of the chunks after it in the row (c of them, c < LW), in a fixed order, and
+    apply them to the state (0, 0) past the row's end: the carry (A, nv) entering it."""
+    me = base + c
+    tl.store(AG + me, tl.sum(tl.where(last, pr, 0.0), axis=0))
+    tl.store(AG + E + me, tl.sum(tl.where(last, qr, 0.0), axis=0))
+    tl.store(AG + 2 * E + me, tl.sum(tl.where(last, xr, 0.0), axis=0))
+    tl.store(AG + 3 * E + me, tl.sum(tl.where(last, yr, 0.0), axis=0))
+    tl.store(AG + 4 * E + me, tl.sum(tl.where(last, zr, 0.0), axis=0))
+    tl.debug_barrier()
+    tl.atomic_xchg(FL + me, 1, sem="release")
+    w = tl.arange(0, LW)
+    valid = w < c
+    _wait(FL, base + w, valid, 1)
+    tl.debug_barrier()
+    at = base + w
+    p = tl.load(AG + at, mask=valid, other=0.0, volatile=True)
+    q = tl.load(AG + E + at, mask=valid, other=0.0, volatile=True)
+    x = tl.load(AG + 2 * E + at, mask=valid, other=1.0, volatile=True)
+    y = tl.load(AG + 3 * E + at, mask=valid, other=0.0, volatile=True)
+    z = tl.load(AG + 4 * E + at, mask=valid, other=1.0, volatile=True)
+    p, q, x, y, z = tl.associative_scan((p, q, x, y, z), 0, _combine2)
+    end = w == LW - 1
+    return tl.sum(tl.where(end, p, 0.0), axis=0), tl.sum(tl.where(end, q, 0.0), axis=0)
+
+
+@triton.jit
+def _whitening(WS, E, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
+               FP64: tl.constexpr, RB: tl.constexpr):
+    """Combine the programs' (count, mean, M2) in a fixed order into the whitening's
     mean and 1/std as the frameworks define them:
     mean = S / (n + count_eps), var = sum (x - mean)^2 / (n + count_eps) [* n / (n - 1)]."""
+    N = E
     lane = tl.arange(0, RB)
     if FP64:
         zero = tl.zeros([RB], dtype=tl.float64)
@@ -269,9 +320,9 @@ def _finish(WS, STATS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
     for s in range(0, N, RB):
         i = s + lane
         ok = i < N
-        nb = tl.load(WS + i, mask=ok, other=0.0, cache_modifier=".cg")
-        mb = tl.load(WS + N + i, mask=ok, other=0.0, cache_modifier=".cg")
-        qb = tl.load(WS + 2 * N + i, mask=ok, other=0.0, cache_modifier=".cg")
+        nb = tl.load(WS + i, mask=ok, other=0.0)
+        mb = tl.load(WS + N + i, mask=ok, other=0.0)
+        qb = tl.load(WS + 2 * N + i, mask=ok, other=0.0)
         nb, mb, qb = tl.reduce((nb, mb, qb), 0, _chan)
         cnt, mean, m2 = _chan(cnt, mean, m2, nb, mb, qb)
     ce = _num(ce_hi, ce_lo, FP64)
@@ -281,42 +332,45 @@ def _finish(WS, STATS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
     var = (m2 + cnt * d * d) / (cnt + ce)
     if UNBIASED:
         var = var * (cnt / (cnt - 1.0))
-    tl.store(STATS, mu)
-    tl.store(STATS + 1, 1.0 / tl.sqrt(var + eps))
+    return mu, 1.0 / tl.sqrt(var + eps)
 
 
 @triton.jit
-def whiten_kernel(X, M, Y, STATS, sxn, sxt, smn, smt, T, numel, fill, NORM: tl.constexpr,
-                  SHIFT: tl.constexpr, FILL: tl.constexpr, FLAT: tl.constexpr,
-                  FP64: tl.constexpr, BLOCK: tl.constexpr):
+def whiten_kernel(X, M, Y, WS, E, sxn, sxt, smn, smt, T, numel, n_blocks, t_blocks, fill,
+                  ce_hi, ce_lo, eps_hi, eps_lo, NORM: tl.constexpr, SHIFT: tl.constexpr,
+                  FILL: tl.constexpr, FLAT: tl.constexpr, UNBIASED: tl.constexpr,
+                  FP64: tl.constexpr, BLOCK: tl.constexpr, RB: tl.constexpr):
     """Y = (X - mean) / std (+ mean if not SHIFT) where NORM, at masked tokens ``fill``
-    if FILL; Y contiguous [rows, T] (Y may be X). FLAT: X and M contiguous too, one
-    1-D grid over every element; else a grid of (token block, row) and strides."""
-    if FLAT:
-        t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        ok = t < numel
-        x = _ld(X, t, ok, FP64)
-        if FILL:
-            valid = _valid(M, t, ok)
-        Y += 0
-    else:
-        t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        row = tl.program_id(1).to(tl.int64)
-        ok = t < T
-        x = _ld(X + row * sxn, t * sxt, ok, FP64)
-        if FILL:
-            valid = _valid(M + row * smn, t * smt, ok)
-        Y += row * T
-    y = x
+    if FILL; Y contiguous [rows, T] (Y may be X). Each program first combines the scan's
+    E statistics (the same fixed order in every program: no atomics, no second launch),
+    then whitens blocks of BLOCK elements, a grid's width apart: FLAT (X and M
+    contiguous), blocks of the flat data; else (row, token block) pairs, by strides."""
     if NORM:
-        mu = tl.load(STATS)
-        rstd = tl.load(STATS + 1)
-        y = (x - mu) * rstd
-        if not SHIFT:
-            y = y + mu
-    if FILL:
-        y = tl.where(valid, y, fill)
-    tl.store(Y + t, y.to(Y.dtype.element_ty), mask=ok)
+        mu, rstd = _whitening(WS, E, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED, FP64, RB)
+    for b in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
+        if FLAT:
+            t = (tl.zeros([BLOCK], tl.int64) + b) * BLOCK + tl.arange(0, BLOCK)  # 64-bit
+            ok = t < numel
+            x = _ld(X, t, ok, FP64)
+            if FILL:
+                valid = _valid(M, t, ok)
+            out = Y + t
+        else:
+            row = tl.zeros([], tl.int64) + b // t_blocks
+            t = (b % t_blocks) * BLOCK + tl.arange(0, BLOCK)
+            ok = t < T
+            x = _ld(X + row * sxn, t * sxt, ok, FP64)
+            if FILL:
+                valid = _valid(M + row * smn, t * smt, ok)
+            out = Y + row * T + t
+        y = x
+        if NORM:
+            y = (x - mu) * rstd
+            if not SHIFT:
+                y = y + mu
+        if FILL:
+            y = tl.where(valid, y, fill)
+        tl.store(out, y.to(Y.dtype.element_ty), mask=ok)
 
 
 def _hilo(x: float):
@@ -326,16 +380,42 @@ def _hilo(x: float):
     return hi, float(np.float32(x - hi))
 
 
-def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
-    """(BT, num_warps, num_stages) of the scan of ``n_rows`` responses of about
-    ``n_tokens`` tokens: BT tokens per step, 128 per warp."""
-    # one row of 4 tokens per thread: BT = 128 per warp. Measured on the H200
-    # (scripts/token_sweep.py): few responses want more of each in flight (8 warps),
-    # many want small programs (2 warps)
-    warps = 8 if n_rows < 512 else 2
+_SMS: dict = {}  # device index -> SM count
+
+
+def _sms(device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter
+    idx = device.index if device.index is not None else 0
+    if idx not in _SMS:
+        import torch
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+LOOK_W = 32  # at most this many chunks per row where the time axis is split
+
+
+def config(n_rows: int, n_tokens: int, packed: bool = False) -> tuple[int, int, int, bool]:
+    """(BT, num_warps, num_stages, split) of the scan of ``n_rows`` responses of about
+    ``n_tokens`` tokens: BT tokens per step; ``split``: one chunk per program (padded
+    data, at most LOOK_W chunks per row), where few responses cannot fill the GPU."""
+    # Measured on the H200 (scripts/token_sweep.py, whitened, device time):
+    # 4096x16384 best at 256 tokens and 2 warps, 1024x8192 at 512 and 2; 256 responses
+    # of 4096 tokens one per program at 1024 and 8 (2.3x the floor: 256 programs)
+    if n_rows >= 2048:
+        bt, warps = 256, 2
+    elif n_rows >= 512:
+        bt, warps = 512, 2
+    elif not packed and -(-int(n_tokens) // 512) <= LOOK_W:
+        bt, warps = 512, 4
+    else:
+        bt, warps = 1024, 8
     p2 = triton.next_power_of_2(max(int(n_tokens), 1))
-    warps = max(1, min(warps, p2 // 128))
-    return 128 * warps, warps, 1
+    bt = max(128, min(bt, p2))
+    warps = max(1, min(warps, bt // 128))
+    chunks = -(-int(n_tokens) // bt)
+    return bt, warps, 1, n_rows < 512 and not packed and 1 < chunks <= LOOK_W
 
 
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
@@ -350,29 +430,30 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     n_tok = r.shape[1]
     whiten = how is not None and how[0] is not None
     device = r.device
-    if whiten:
-        ws = torch.empty(3 * n_rows, dtype=acc, device=device)
-        ticket = torch.zeros(1, dtype=torch.int32, device=device)
-        stats = torch.empty(2, dtype=acc, device=device)
-    else:
-        ws = ticket = stats = None
     src = whiten_src if mode == MODE_STATS else r
     for name, t in (("rewards", src), ("values", v), ("mask", m)):
         if t is not None and (n_tok + 1) * t.stride(1) >= 2**31:
             raise ValueError(f"{name}: a response spans {n_tok} tokens of stride "
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
-    bt, warps, stages = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
-    ce = _hilo(how[0] if whiten else 0.0)
-    ep = _hilo(how[1] if whiten else 0.0)
+    bt, warps, stages, split = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1),
+                                      packed)
+    split = split and not packed
+    S = triton.cdiv(n_tok, bt) if split else 1
+    E = n_rows * S  # programs, each with its whitening statistics
+    if split:  # statistics, the chunks' maps, then statuses and the ticket (zeroed)
+        ws = torch.zeros(8 * E + -(-(E + 1) * 4 // acc.itemsize), dtype=acc, device=device)
+    elif whiten:
+        ws = torch.empty(3 * E, dtype=acc, device=device)
+    else:
+        ws = None
     vv = v if v is not None else src
     if mode != MODE_STATS or whiten:
-        token_scan_kernel[(n_rows,)](
-            src, vv, m, cu, out0, out1 if out1 is not None else out0, ws, ticket, stats,
+        token_scan_kernel[(E,)](
+            src, vv, m, cu, out0, out1 if out1 is not None else out0, ws,
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
-            n_tok, n_rows, *_hilo(g), *_hilo(gl), *ce, *ep,
-            MODE=mode, PACKED=packed, WHITEN=whiten, UNBIASED=bool(how[2]) if whiten else False,
-            FP64=fp64, BT=bt, RB=1024, STAGES=stages,
-            num_warps=warps)
+            n_tok, n_rows, S, *_hilo(g), *_hilo(gl),
+            MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, STAGES=stages,
+            SPLIT=split, LW=max(2, triton.next_power_of_2(S)), num_warps=warps)
     if how is None:
         return
     fill = how[4]
@@ -380,14 +461,13 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     numel = out0.numel()
     block = 1024
     flat = x.is_contiguous() and (fill is None or m.is_contiguous())
-    if flat:
-        grid = (triton.cdiv(numel, block),)
-    else:
-        if out0.shape[0] > 65535:
-            raise ValueError(f"x or mask with {out0.shape[0]} rows must be contiguous "
-                             "(strided inputs take at most 65535 rows)")
-        grid = (triton.cdiv(n_tok, block), out0.shape[0])
-    whiten_kernel[grid](
-        x, m, out0, stats, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok, numel,
-        0.0 if fill is None else fill, NORM=whiten, SHIFT=bool(how[3]), FILL=fill is not None,
-        FLAT=flat, FP64=fp64, BLOCK=block, num_warps=4)
+    t_blocks = triton.cdiv(n_tok, block)
+    n_blocks = triton.cdiv(numel, block) if flat else out0.shape[0] * t_blocks
+    ce = _hilo(how[0] if whiten else 0.0)
+    ep = _hilo(how[1] if whiten else 0.0)
+    whiten_kernel[(max(1, min(n_blocks, 16 * _sms(device))),)](
+        x, m, out0, ws, E, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok, numel,
+        n_blocks, t_blocks, 0.0 if fill is None else fill, *ce, *ep, NORM=whiten,
+        SHIFT=bool(how[3]), FILL=fill is not None, FLAT=flat,
+        UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BLOCK=block, RB=2048,
+        num_warps=4)

@@ -1,6 +1,7 @@
 """Device time of masked GAE (+ whitening) over the scan's chunk length and warps.
 
     python scripts/token_sweep.py [--shapes 256x4096,1024x8192,4096x16384]
+        [--configs BT:warps[:stages[:split]],...]   (split 1: one chunk per program)
 """
 import argparse
 
@@ -21,7 +22,7 @@ ap.add_argument("--mask", default="int64")
 opts = ap.parse_args()
 timer = harness.Timer("cuda", 100)
 default = K.config
-print("| shape | whiten | BN | BT | warps | stages | device µs | floor µs | ratio |")
+print("| shape | whiten | split | BT | warps | stages | device µs | floor µs | ratio |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 for shape in opts.shapes.split(","):
     B, T = (int(s) for s in shape.split("x"))
@@ -34,20 +35,21 @@ for shape in opts.shapes.split(","):
     fl2 = fl1 + timer.measure(f2, graph=True)["device_us"]
     for whiten in [w == "1" for w in opts.whiten.split(",")]:
         for cfg in opts.configs.split(","):
-            bt, w, st = (int(x) for x in (cfg + ":1").split(":")[:3])
+            bt, w, st, sp = (int(x) for x in (cfg + ":1:0").split(":")[:4])
             bn = 1
             if True:
-                K.config = lambda n, t, bt=bt, w=w, st=st: (bt, w, st)
+                K.config = lambda n, t, packed=False, bt=bt, w=w, st=st, sp=sp: (bt, w, st,
+                                                                                  bool(sp))
                 try:
                     def fn(r=r, v=v, m=m, whiten=whiten):
                         return rc.masked_gae(r, v, m, gamma=1.0, lmbda=0.95, whiten=whiten,
                                              count_eps=1e-8, time_dim=-1)
                     d = timer.measure(fn, graph=True)["device_us"]
                 except Exception as e:  # noqa: BLE001
-                    print(f"| {shape} | {whiten} | {bn} | {bt} | {w} | {st} | error "
+                    print(f"| {shape} | {whiten} | {sp} | {bt} | {w} | {st} | error "
                           f"{type(e).__name__} | | |")
                     continue
                 fl = fl2 if whiten else fl1
-                print(f"| {shape} | {whiten} | {bn} | {bt} | {w} | {st} | {d:.1f} | {fl:.1f} | "
+                print(f"| {shape} | {whiten} | {sp} | {bt} | {w} | {st} | {d:.1f} | {fl:.1f} | "
                       f"{d / fl:.2f} |", flush=True)
     K.config = default

@@ -240,16 +240,19 @@ def test_bad_input():
         rc.masked_gae(r[None], r[None], m[None], time_dim=-1)
 
 
-@pytest.mark.parametrize("bt,warps", [(16, 1), (32, 2), (128, 1)])
-def test_kernel_tiles(where, monkeypatch, bt, warps):
+@pytest.mark.parametrize("bt,warps,split", [(16, 1, False), (32, 2, False), (128, 1, False),
+                                            (8, 1, True), (16, 2, True)])
+def test_kernel_tiles(where, monkeypatch, bt, warps, split):
     """Several chunks per response, packed responses of different lengths (empty and
-    one-token ones too): every chunk length gives the reference."""
+    one-token ones too): every chunk length gives the reference, with one program per
+    response or (split) one per chunk and a look-back."""
     device, backend = where
     if backend == "cpu":
         pytest.skip("the Triton kernel's tiling")
     from rl_triton_core import _token_kernel
 
-    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (bt, warps, 1))
+    monkeypatch.setattr(_token_kernel, "config",
+                        lambda n, t, packed=False: (bt, warps, 1, split))
     B, T = 7, 45
     r, v, m = _inputs(21, B, T, torch.float64, "multi", device)
     m[0, :3] = True
@@ -260,6 +263,10 @@ def test_kernel_tiles(where, monkeypatch, bt, warps):
                                   count_eps=1e-8, time_dim=-1)
         _close(a, wa, torch.float64, f"chunk {bt} skip={skip}")
         _close(ret, wret, torch.float64, f"chunk {bt} skip={skip} returns")
+        got = rc.masked_returns(r, m, gamma=0.9, skip=skip, time_dim=-1)
+        _close(got, ref.masked_returns(r, m, gamma=0.9, skip=skip, time_dim=-1),
+               torch.float64, f"chunk {bt} skip={skip} masked_returns")
+    _close(rc.masked_whiten(r, m), ref.masked_whiten(r, m), torch.float64, "masked_whiten")
     lens = torch.tensor([45, 0, 3, 17, 1, 40, 16])
     keep = (torch.arange(T)[None, :] < lens[:, None]).to(device)
     cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(device)
@@ -279,7 +286,7 @@ def test_whitening_shift(where, monkeypatch, skip):
         pytest.skip("the Triton kernel's tiling")
     from rl_triton_core import _token_kernel
 
-    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (16, 1, 1))
+    monkeypatch.setattr(_token_kernel, "config", lambda n, t, packed=False: (16, 1, 1, False))
     g = torch.Generator().manual_seed(5)
     B, T = 3, 1024
     r = torch.randn(B, T, generator=g)
@@ -298,3 +305,25 @@ def test_whitening_shift(where, monkeypatch, skip):
     x[0, 992:] = 0.0
     _close(rc.masked_whiten(x, m), ref.masked_whiten(x.double(), m),
            torch.float32, "masked_whiten")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(256, 4096), (1024, 2048)])
+def test_bitwise_repeatable_cuda(shape):
+    """The same inputs give the same bits, call after call: whitened masked GAE with the
+    time axis split over programs (256 responses: a look-back in ticket order) and with
+    one program per response."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    B, T = shape
+    r, v, m = _inputs(3, B, T, torch.float32, "multi", "cuda")
+    first = rc.masked_gae(r, v, m, gamma=1.0, lmbda=0.95, whiten=True, count_eps=1e-8,
+                          time_dim=-1)
+    for _ in range(20):
+        again = rc.masked_gae(r, v, m, gamma=1.0, lmbda=0.95, whiten=True, count_eps=1e-8,
+                              time_dim=-1)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+    wa, _ = ref.masked_gae(r.double(), v.double(), m, gamma=1.0, lmbda=0.95, whiten=True,
+                           count_eps=1e-8, time_dim=-1)
+    _close(first[0], wa, torch.float32, "whitened advantages")
