@@ -12,12 +12,10 @@ semantics are two coupled recurrences, scanned together as one affine map of the
 The maps compose associatively (5 numbers each). A chunk is rows of 4 tokens, one row
 per thread: each thread composes its row's maps in registers, and one forward
 ``tl.associative_scan`` over the rows joins them (see the loop's comment for why not a
-reverse scan). Where few responses cannot fill the GPU, each program takes one chunk
-instead and the carry entering it comes from a look-back over the maps the chunks
-after it publish (composed in a fixed order: the outputs repeat bit for bit).
+reverse scan).
 
 Whitening needs the mean and variance over every valid token of the batch: each
-program keeps its (count, mean, M2) (per element slot, combined by Chan et al.'s
+program keeps its response's (count, mean, M2) (per element slot, combined by Chan et al.'s
 pairwise update at its end); :func:`whiten_kernel`'s programs each combine them in
 the same fixed order, then normalise in place. No host sync, no atomics.
 """
@@ -26,8 +24,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from rl_triton_core._kernel import _wait
 
 MODE_GAE_SKIP = tl.constexpr(0)  # verl: advantages and next values carried over masked tokens
 MODE_GAE_MUL = tl.constexpr(1)  # OpenRLHF: rewards and values multiplied by the mask
@@ -134,32 +130,17 @@ def _valid(M, off, ok):
 
 
 @triton.jit
-def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T, N, S,
+def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T, N,
                       g_hi, g_lo, gl_hi, gl_lo,
                       MODE: tl.constexpr, PACKED: tl.constexpr, WHITEN: tl.constexpr,
-                      FP64: tl.constexpr, BT: tl.constexpr, STAGES: tl.constexpr,
-                      SPLIT: tl.constexpr, LW: tl.constexpr):
+                      FP64: tl.constexpr, BT: tl.constexpr, STAGES: tl.constexpr):
     """One response per program, scanned from its end BT tokens at a time (chunks
-    aligned to BT from its start, so loads vectorise); or, where SPLIT (padded data,
-    few rows), one chunk per program, S = cdiv(T, BT) of them per row, in ticket order,
-    the carry entering each from a look-back over the maps of the chunks after it.
-    Row bases are 64-bit scalars, token offsets 32-bit (the launcher checks a row's
-    extent fits). Inputs by (row, token) strides; outputs contiguous (padded:
-    row * T + t; packed: the stream's position). WS: the whitening statistics of each
-    program (count, mean, M2: [3, E], E programs), then where SPLIT the chunks' maps
-    ([5, E]), their statuses and the ticket counter (zeroed per call)."""
-    if SPLIT:
-        E = N * S
-        FL = (WS + 8 * E).to(tl.pointer_type(tl.int32))
-        tk = tl.atomic_add(FL + E, 1)  # a program waits only on earlier tickets: started
-        row = tk // S
-        c_lo = tk % S  # the chunk, counted from the row's end
-        c_hi = c_lo + 1
-        e = tk
-    else:
-        E = N
-        row = tl.program_id(0)
-        e = row
+    aligned to BT from its start, so loads vectorise). Row bases are 64-bit scalars,
+    token offsets 32-bit (the launcher checks a row's extent fits). Inputs by
+    (row, token) strides; outputs contiguous (padded: row * T + t; packed: the
+    stream's position). WS: the whitening statistics of each response (count, mean,
+    M2: [3, N])."""
+    row = tl.program_id(0)
     if PACKED:
         start = tl.load(CU + row).to(tl.int64)
         L = (tl.load(CU + row + 1).to(tl.int64) - start).to(tl.int32)
@@ -203,10 +184,7 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
     first = lane == 0
     last = lane == RW - 1  # the chunk's first token: row RW-1, token 0
     n_chunks = tl.cdiv(L, BT)
-    if not SPLIT:
-        c_lo = 0
-        c_hi = n_chunks
-    for c in tl.range(c_lo, c_hi, num_stages=STAGES):
+    for c in tl.range(0, n_chunks, num_stages=STAGES):
         # A chunk is RW rows of 4 consecutive tokens, row 0 the latest, one row per
         # thread (its loads vectorise). Each thread composes its row's maps in
         # registers (token 3 first); a FORWARD scan over the rows gives the state after
@@ -221,9 +199,6 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
         else:
             w0, w1, w2, w3 = _suffixes(p, q, x, y, zz)
             pr, qr, xr, yr, zr = tl.associative_scan(w0, 0, _combine2)
-            if SPLIT:  # the carry entering this chunk: the maps of those after it
-                carry, carry_nv = _look_back(WS + 3 * E, FL, row * S, c, E, pr, qr, xr, yr,
-                                             zr, last, LW)
             oa = pr + xr * carry + yr * carry_nv  # the state after each row
             on = qr + zr * carry_nv
             ea = tl.where(first, carry, tl.gather(oa, prev, 0))  # ... and entering it
@@ -269,37 +244,9 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
         cnt, mean, m2 = tl.reduce((n_l, mean_l, q_l), 1, _chan)
         cnt, mean, m2 = tl.reduce((cnt, mean, m2), 0, _chan)
     if WHITEN:
-        tl.store(WS + e, cnt)
-        tl.store(WS + E + e, mean)
-        tl.store(WS + 2 * E + e, m2)
-
-
-@triton.jit
-def _look_back(AG, FL, base, c, E, pr, qr, xr, yr, zr, last, LW: tl.constexpr):
-    """Publish this chunk's map (the scan's last row: the whole chunk), then compose
-    those of the chunks after it in the row (c of them, c < LW), in a fixed order, and
-    apply them to the state (0, 0) past the row's end: the carry (A, nv) entering it."""
-    me = base + c
-    tl.store(AG + me, tl.sum(tl.where(last, pr, 0.0), axis=0))
-    tl.store(AG + E + me, tl.sum(tl.where(last, qr, 0.0), axis=0))
-    tl.store(AG + 2 * E + me, tl.sum(tl.where(last, xr, 0.0), axis=0))
-    tl.store(AG + 3 * E + me, tl.sum(tl.where(last, yr, 0.0), axis=0))
-    tl.store(AG + 4 * E + me, tl.sum(tl.where(last, zr, 0.0), axis=0))
-    tl.debug_barrier()
-    tl.atomic_xchg(FL + me, 1, sem="release")
-    w = tl.arange(0, LW)
-    valid = w < c
-    _wait(FL, base + w, valid, 1)
-    tl.debug_barrier()
-    at = base + w
-    p = tl.load(AG + at, mask=valid, other=0.0, volatile=True)
-    q = tl.load(AG + E + at, mask=valid, other=0.0, volatile=True)
-    x = tl.load(AG + 2 * E + at, mask=valid, other=1.0, volatile=True)
-    y = tl.load(AG + 3 * E + at, mask=valid, other=0.0, volatile=True)
-    z = tl.load(AG + 4 * E + at, mask=valid, other=1.0, volatile=True)
-    p, q, x, y, z = tl.associative_scan((p, q, x, y, z), 0, _combine2)
-    end = w == LW - 1
-    return tl.sum(tl.where(end, p, 0.0), axis=0), tl.sum(tl.where(end, q, 0.0), axis=0)
+        tl.store(WS + row, cnt)
+        tl.store(WS + N + row, mean)
+        tl.store(WS + 2 * N + row, m2)
 
 
 @triton.jit
@@ -393,29 +340,23 @@ def _sms(device) -> int:
     return _SMS[idx]
 
 
-LOOK_W = 32  # at most this many chunks per row where the time axis is split
-
-
-def config(n_rows: int, n_tokens: int, packed: bool = False) -> tuple[int, int, int, bool]:
-    """(BT, num_warps, num_stages, split) of the scan of ``n_rows`` responses of about
-    ``n_tokens`` tokens: BT tokens per step; ``split``: one chunk per program (padded
-    data, at most LOOK_W chunks per row), where few responses cannot fill the GPU."""
+def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
+    """(BT, num_warps, num_stages) of the scan of ``n_rows`` responses of about
+    ``n_tokens`` tokens: BT tokens per step."""
     # Measured on the H200 (scripts/token_sweep.py, whitened, device time):
-    # 4096x16384 best at 256 tokens and 2 warps, 1024x8192 at 512 and 2; 256 responses
-    # of 4096 tokens one per program at 1024 and 8 (2.3x the floor: 256 programs)
+    # 4096x16384 best at 256 tokens and 2 warps, 1024x8192 at 512 and 2, 256x4096 (256
+    # programs, one per response) at 1024 and 8. Splitting the time axis over programs
+    # (one chunk each, a look-back over the later chunks' maps) was slower at every
+    # setting tried (docs/notes.md)
     if n_rows >= 2048:
         bt, warps = 256, 2
     elif n_rows >= 512:
         bt, warps = 512, 2
-    elif not packed and -(-int(n_tokens) // 512) <= LOOK_W:
-        bt, warps = 512, 4
     else:
         bt, warps = 1024, 8
     p2 = triton.next_power_of_2(max(int(n_tokens), 1))
     bt = max(128, min(bt, p2))
-    warps = max(1, min(warps, bt // 128))
-    chunks = -(-int(n_tokens) // bt)
-    return bt, warps, 1, n_rows < 512 and not packed and 1 < chunks <= LOOK_W
+    return bt, max(1, min(warps, bt // 128)), 1
 
 
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
@@ -435,25 +376,16 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         if t is not None and (n_tok + 1) * t.stride(1) >= 2**31:
             raise ValueError(f"{name}: a response spans {n_tok} tokens of stride "
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
-    bt, warps, stages, split = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1),
-                                      packed)
-    split = split and not packed
-    S = triton.cdiv(n_tok, bt) if split else 1
-    E = n_rows * S  # programs, each with its whitening statistics
-    if split:  # statistics, the chunks' maps, then statuses and the ticket (zeroed)
-        ws = torch.zeros(8 * E + -(-(E + 1) * 4 // acc.itemsize), dtype=acc, device=device)
-    elif whiten:
-        ws = torch.empty(3 * E, dtype=acc, device=device)
-    else:
-        ws = None
+    bt, warps, stages = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
+    ws = torch.empty(3 * n_rows, dtype=acc, device=device) if whiten else None
     vv = v if v is not None else src
     if mode != MODE_STATS or whiten:
-        token_scan_kernel[(E,)](
+        token_scan_kernel[(n_rows,)](
             src, vv, m, cu, out0, out1 if out1 is not None else out0, ws,
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
-            n_tok, n_rows, S, *_hilo(g), *_hilo(gl),
+            n_tok, n_rows, *_hilo(g), *_hilo(gl),
             MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, STAGES=stages,
-            SPLIT=split, LW=max(2, triton.next_power_of_2(S)), num_warps=warps)
+            num_warps=warps)
     if how is None:
         return
     fill = how[4]
@@ -466,7 +398,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     ce = _hilo(how[0] if whiten else 0.0)
     ep = _hilo(how[1] if whiten else 0.0)
     whiten_kernel[(max(1, min(n_blocks, 16 * _sms(device))),)](
-        x, m, out0, ws, E, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok, numel,
+        x, m, out0, ws, n_rows, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok, numel,
         n_blocks, t_blocks, 0.0 if fill is None else fill, *ce, *ep, NORM=whiten,
         SHIFT=bool(how[3]), FILL=fill is not None, FLAT=flat,
         UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BLOCK=block, RB=2048,

@@ -61,12 +61,16 @@ if [[ $what == fuzz ]]; then
 fi
 # llm: the verl / OpenRLHF / TRL adapters' GPU tests and the token benchmark; needs the
 # cp312 wheels in .llmwhl/ carried (carry=[".llmwhl"]: verl, openrlhf and trl without their
-# pins, transformers 5.10.4, omegaconf, codetiming and their wheels, antlr4 as a built wheel)
+# pins, transformers 5.10.4, numpy 2.2.6, omegaconf, codetiming and their wheels, antlr4
+# as a built wheel; 46 MB)
 if [[ $what == llm ]]; then
-  pip install -q --no-index --find-links .llmwhl --no-deps verl==0.9.1 openrlhf==0.11.2 \
-    trl==1.12.0 > "$OUT/llm_install.log" 2>&1
-  pip install -q --no-index --find-links .llmwhl transformers==5.10.4 omegaconf==2.4.0 \
-    codetiming==1.4.0 >> "$OUT/llm_install.log" 2>&1 || tail -5 "$OUT/llm_install.log"
+  # python -m pip: the device's bare pip installs for another interpreter (the tests then
+  # skip with "needs verl"); numpy too, which the device's Python lacks and transformers needs
+  python -m pip install -q --no-index --find-links .llmwhl --no-deps verl==0.9.1 \
+    openrlhf==0.11.2 trl==1.12.0 > "$OUT/llm_install.log" 2>&1
+  python -m pip install -q --no-index --find-links .llmwhl numpy==2.2.6 transformers==5.10.4 \
+    omegaconf==2.4.0 codetiming==1.4.0 >> "$OUT/llm_install.log" 2>&1 || tail -5 "$OUT/llm_install.log"
+  python -c "import verl.trainer.ppo.core_algos, openrlhf, trl" || echo "the frameworks did not import"
   timeout ${LLM_TIMEOUT:-240} python -m pytest tests/integrations/verl tests/integrations/openrlhf \
     tests/integrations/trl tests/core/test_tokens.py tests/core/test_groups.py -m gpu -q -n 8 \
     -p no:cacheprovider -W ignore > "$OUT/llm_tests.log" 2>&1

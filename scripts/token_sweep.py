@@ -1,7 +1,7 @@
 """Device time of masked GAE (+ whitening) over the scan's chunk length and warps.
 
     python scripts/token_sweep.py [--shapes 256x4096,1024x8192,4096x16384]
-        [--configs BT:warps[:stages[:split]],...]   (split 1: one chunk per program)
+        [--configs BT:warps[:stages],...]
 """
 import argparse
 
@@ -22,7 +22,7 @@ ap.add_argument("--mask", default="int64")
 opts = ap.parse_args()
 timer = harness.Timer("cuda", 100)
 default = K.config
-print("| shape | whiten | split | BT | warps | stages | device µs | floor µs | ratio |")
+print("| shape | whiten | BN | BT | warps | stages | device µs | floor µs | ratio |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 for shape in opts.shapes.split(","):
     B, T = (int(s) for s in shape.split("x"))
@@ -35,11 +35,10 @@ for shape in opts.shapes.split(","):
     fl2 = fl1 + timer.measure(f2, graph=True)["device_us"]
     for whiten in [w == "1" for w in opts.whiten.split(",")]:
         for cfg in opts.configs.split(","):
-            bt, w, st, sp = (int(x) for x in (cfg + ":1:0").split(":")[:4])
-            bn = 1
+            bt, w, st = (int(x) for x in (cfg + ":1").split(":")[:3])
+            sp = 1
             if True:
-                K.config = lambda n, t, packed=False, bt=bt, w=w, st=st, sp=sp: (bt, w, st,
-                                                                                  bool(sp))
+                K.config = lambda n, t, bt=bt, w=w, st=st: (bt, w, st)
                 try:
                     def fn(r=r, v=v, m=m, whiten=whiten):
                         return rc.masked_gae(r, v, m, gamma=1.0, lmbda=0.95, whiten=whiten,

@@ -240,19 +240,16 @@ def test_bad_input():
         rc.masked_gae(r[None], r[None], m[None], time_dim=-1)
 
 
-@pytest.mark.parametrize("bt,warps,split", [(16, 1, False), (32, 2, False), (128, 1, False),
-                                            (8, 1, True), (16, 2, True)])
-def test_kernel_tiles(where, monkeypatch, bt, warps, split):
+@pytest.mark.parametrize("bt,warps", [(16, 1), (32, 2), (128, 1)])
+def test_kernel_tiles(where, monkeypatch, bt, warps):
     """Several chunks per response, packed responses of different lengths (empty and
-    one-token ones too): every chunk length gives the reference, with one program per
-    response or (split) one per chunk and a look-back."""
+    one-token ones too): every chunk length gives the reference."""
     device, backend = where
     if backend == "cpu":
         pytest.skip("the Triton kernel's tiling")
     from rl_triton_core import _token_kernel
 
-    monkeypatch.setattr(_token_kernel, "config",
-                        lambda n, t, packed=False: (bt, warps, 1, split))
+    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (bt, warps, 1))
     B, T = 7, 45
     r, v, m = _inputs(21, B, T, torch.float64, "multi", device)
     m[0, :3] = True
@@ -286,7 +283,7 @@ def test_whitening_shift(where, monkeypatch, skip):
         pytest.skip("the Triton kernel's tiling")
     from rl_triton_core import _token_kernel
 
-    monkeypatch.setattr(_token_kernel, "config", lambda n, t, packed=False: (16, 1, 1, False))
+    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (16, 1, 1))
     g = torch.Generator().manual_seed(5)
     B, T = 3, 1024
     r = torch.randn(B, T, generator=g)
@@ -310,9 +307,8 @@ def test_whitening_shift(where, monkeypatch, skip):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(256, 4096), (1024, 2048)])
 def test_bitwise_repeatable_cuda(shape):
-    """The same inputs give the same bits, call after call: whitened masked GAE with the
-    time axis split over programs (256 responses: a look-back in ticket order) and with
-    one program per response."""
+    """The same inputs give the same bits, call after call: whitened masked GAE (the
+    statistics of every response combined in a fixed order by every whitening program)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA")
     B, T = shape
