@@ -158,13 +158,18 @@ def _coefficients(MODE, REVERSE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L
             (True, vt, lmbda * min(ratio, cbt)))
 
 
+@numba.njit(cache=_CACHE)
+def _view(REVERSE, a, i, j, lo, hi):
+    """Stream (i, j)'s steps [lo, hi) in scan order, as a 1-D view. (At module level: a
+    jitted function in ``scan``'s closure would enter numba's cache key pickled, which
+    differs per process, so the cache would never hit: a compile in every process.)"""
+    return a[i, j, lo:hi][::-1] if REVERSE else a[i, j, lo:hi]
+
+
 def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT, G_TENSOR,
            L_TENSOR, RB_TENSOR, CB_TENSOR, PB_TENSOR):
-    @numba.njit(cache=_CACHE)
-    def views(a, i, j, lo, hi):
-        """Stream (i, j)'s steps [lo, hi) in scan order, as a 1-D view."""
-        return a[i, j, lo:hi][::-1] if REVERSE else a[i, j, lo:hi]
-
+    """The scan of one variant; its closure holds only the variant's flags (numba's cache
+    key includes the closure's contents, pickled: no function objects there)."""
     @numba.njit(nogil=True, cache=_CACHE)
     def scan(out0, out1, x, v, nv, term, trunc, boot, g, lm, gs, lms, init, rho, rb, cb, pb, rbs,
              cbs, pbs, seg_len, ws_a, ws_b, phase, job_lo, job_hi):
@@ -185,11 +190,13 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
             hi = min(lo + seg_len, T)
             c = _carry_in(MODE, REVERSE, HAS_V, G_TENSOR, L_TENSOR, CB_TENSOR, i, j, lo, hi, T,
                           v, term, g, lm, gs, lms, rho, cb, cbs)
-            xs, vs, nvs = views(x, i, j, lo, hi), views(v, i, j, lo, hi), views(nv, i, j, lo, hi)
-            tes, trs = views(term, i, j, lo, hi), views(trunc, i, j, lo, hi)
-            gv, lv, rh = views(g, i, j, lo, hi), views(lm, i, j, lo, hi), views(rho, i, j, lo, hi)
-            rbv, cbv = views(rb, i, j, lo, hi), views(cb, i, j, lo, hi)
-            pbv = views(pb, i, j, lo, hi)
+            xs, vs, nvs = (_view(REVERSE, x, i, j, lo, hi), _view(REVERSE, v, i, j, lo, hi),
+                           _view(REVERSE, nv, i, j, lo, hi))
+            tes, trs = _view(REVERSE, term, i, j, lo, hi), _view(REVERSE, trunc, i, j, lo, hi)
+            gv, lv, rh = (_view(REVERSE, g, i, j, lo, hi), _view(REVERSE, lm, i, j, lo, hi),
+                          _view(REVERSE, rho, i, j, lo, hi))
+            rbv, cbv = _view(REVERSE, rb, i, j, lo, hi), _view(REVERSE, cb, i, j, lo, hi)
+            pbv = _view(REVERSE, pb, i, j, lo, hi)
             bootv = float(boot[i, j]) if HAS_BOOT else 0.0
             if phase == 1:
                 # each segment's composed map h_in -> a + b * h_in; a zero beta drops the
@@ -214,7 +221,7 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
             else:
                 for q in range(s):
                     h = ws_a[n, q] if ws_b[n, q] == 0.0 else ws_a[n, q] + ws_b[n, q] * h
-            o0, o1 = views(out0, i, j, lo, hi), views(out1, i, j, lo, hi)
+            o0, o1 = _view(REVERSE, out0, i, j, lo, hi), _view(REVERSE, out1, i, j, lo, hi)
             for k in range(hi - lo):
                 al, be, vt, p0, p1, vnext, cont, c = _coefficients(
                     MODE, REVERSE, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, G_TENSOR, L_TENSOR,
