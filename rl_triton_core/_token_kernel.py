@@ -25,6 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from rl_triton_core._launch import _sm_count
+
 MODE_GAE_SKIP = tl.constexpr(0)  # verl: advantages and next values carried over masked tokens
 MODE_GAE_MUL = tl.constexpr(1)  # OpenRLHF: rewards and values multiplied by the mask
 MODE_RET_SKIP = tl.constexpr(2)  # verl REINFORCE++: masked tokens carry the return, output 0
@@ -250,12 +252,11 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
 
 
 @triton.jit
-def _whitening(WS, E, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
+def _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
                FP64: tl.constexpr, RB: tl.constexpr):
-    """Combine the programs' (count, mean, M2) in a fixed order into the whitening's
+    """Combine the N responses' (count, mean, M2) in a fixed order into the whitening's
     mean and 1/std as the frameworks define them:
     mean = S / (n + count_eps), var = sum (x - mean)^2 / (n + count_eps) [* n / (n - 1)]."""
-    N = E
     lane = tl.arange(0, RB)
     if FP64:
         zero = tl.zeros([RB], dtype=tl.float64)
@@ -283,17 +284,17 @@ def _whitening(WS, E, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
 
 
 @triton.jit
-def whiten_kernel(X, M, Y, WS, E, sxn, sxt, smn, smt, T, numel, n_blocks, t_blocks, fill,
+def whiten_kernel(X, M, Y, WS, N, sxn, sxt, smn, smt, T, numel, n_blocks, t_blocks, fill,
                   ce_hi, ce_lo, eps_hi, eps_lo, NORM: tl.constexpr, SHIFT: tl.constexpr,
                   FILL: tl.constexpr, FLAT: tl.constexpr, UNBIASED: tl.constexpr,
                   FP64: tl.constexpr, BLOCK: tl.constexpr, RB: tl.constexpr):
     """Y = (X - mean) / std (+ mean if not SHIFT) where NORM, at masked tokens ``fill``
     if FILL; Y contiguous [rows, T] (Y may be X). Each program first combines the scan's
-    E statistics (the same fixed order in every program: no atomics, no second launch),
+    N statistics (the same fixed order in every program: no atomics, no second launch),
     then whitens blocks of BLOCK elements, a grid's width apart: FLAT (X and M
     contiguous), blocks of the flat data; else (row, token block) pairs, by strides."""
     if NORM:
-        mu, rstd = _whitening(WS, E, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED, FP64, RB)
+        mu, rstd = _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED, FP64, RB)
     for b in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
         if FLAT:
             t = (tl.zeros([BLOCK], tl.int64) + b) * BLOCK + tl.arange(0, BLOCK)  # 64-bit
@@ -325,19 +326,6 @@ def _hilo(x: float):
     import numpy as np
     hi = float(np.float32(x))
     return hi, float(np.float32(x - hi))
-
-
-_SMS: dict = {}  # device index -> SM count
-
-
-def _sms(device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter
-    idx = device.index if device.index is not None else 0
-    if idx not in _SMS:
-        import torch
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
 
 
 def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
@@ -397,7 +385,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     n_blocks = triton.cdiv(numel, block) if flat else out0.shape[0] * t_blocks
     ce = _hilo(how[0] if whiten else 0.0)
     ep = _hilo(how[1] if whiten else 0.0)
-    whiten_kernel[(max(1, min(n_blocks, 16 * _sms(device))),)](
+    whiten_kernel[(max(1, min(n_blocks, 16 * _sm_count(device))),)](
         x, m, out0, ws, n_rows, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok, numel,
         n_blocks, t_blocks, 0.0 if fill is None else fill, *ce, *ep, NORM=whiten,
         SHIFT=bool(how[3]), FILL=fill is not None, FLAT=flat,

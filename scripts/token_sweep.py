@@ -36,7 +36,7 @@ for shape in opts.shapes.split(","):
     for whiten in [w == "1" for w in opts.whiten.split(",")]:
         for cfg in opts.configs.split(","):
             bt, w, st = (int(x) for x in (cfg + ":1").split(":")[:3])
-            sp = 1
+            bn = 1
             if True:
                 K.config = lambda n, t, bt=bt, w=w, st=st: (bt, w, st)
                 try:
@@ -45,10 +45,10 @@ for shape in opts.shapes.split(","):
                                              count_eps=1e-8, time_dim=-1)
                     d = timer.measure(fn, graph=True)["device_us"]
                 except Exception as e:  # noqa: BLE001
-                    print(f"| {shape} | {whiten} | {sp} | {bt} | {w} | {st} | error "
+                    print(f"| {shape} | {whiten} | {bn} | {bt} | {w} | {st} | error "
                           f"{type(e).__name__} | | |")
                     continue
                 fl = fl2 if whiten else fl1
-                print(f"| {shape} | {whiten} | {sp} | {bt} | {w} | {st} | {d:.1f} | {fl:.1f} | "
+                print(f"| {shape} | {whiten} | {bn} | {bt} | {w} | {st} | {d:.1f} | {fl:.1f} | "
                       f"{d / fl:.2f} |", flush=True)
     K.config = default
