@@ -9,6 +9,7 @@ into the Triton cache, no launch), with the planner told the GPU's SM count. The
 then runs with few workers and finds its kernels compiled.
 
     RL_TEST_SEED=<n> python scripts/fuzz_precompile.py [--procs P] [--scale S]
+        [--only NAME:CHUNK,...]
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ def _work(args):
 
     _launch.scan_kernel = _Warm()
     errors = 0
-    for name, chunk in jobs:
-        for _, _, _, case in fuzz_lib.chunk_cases(name, seed, n_cases, n_profiles, "cuda",
-                                                  chunk=chunk, on="cpu"):
+    for name, chunk, part, parts in jobs:
+        for n, (_, _, _, case) in enumerate(fuzz_lib.chunk_cases(
+                name, seed, n_cases, n_profiles, "cuda", chunk=chunk, on="cpu")):
+            if n % parts != part:
+                continue
             try:
                 case.call()
             except Exception:  # the call's own checks, or a path that needs CUDA tensors
@@ -58,6 +61,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--procs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--scale", type=float, default=float(os.environ.get("RL_FUZZ_SCALE", "1")))
+    ap.add_argument("--only", default="", help="NAME:CHUNK,...: these chunks only, each "
+                    "chunk's cases spread over the processes")
     a = ap.parse_args()
     seed = int(os.environ["RL_TEST_SEED"])
     import test_fuzz
@@ -65,14 +70,19 @@ def main():
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n_cases = max(1, round(test_fuzz.GPU_CASES * a.scale / test_fuzz.GPU_CHUNKS))
-    jobs = [(name, c) for name in test_fuzz.ESTIMATORS for c in range(test_fuzz.GPU_CHUNKS)]
+    if a.only:
+        only = [(w.split(":")[0], int(w.split(":")[1])) for w in a.only.split(",")]
+        jobs = [(name, c, k, a.procs) for name, c in only for k in range(a.procs)]
+    else:
+        jobs = [(name, c, 0, 1) for name in test_fuzz.ESTIMATORS
+                for c in range(test_fuzz.GPU_CHUNKS)]
     parts = [jobs[k::a.procs] for k in range(a.procs)]
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     with ctx.Pool(a.procs) as pool:
         errors = pool.map(_work, [(p, seed, n_cases, test_fuzz.GPU_PROFILES, sms)
                                   for p in parts])
-    print(f"precompiled {len(jobs)} chunks x {n_cases} cases in {time.perf_counter() - t0:.0f} s"
+    print(f"precompiled {len({j[:2] for j in jobs})} chunks x {n_cases} cases in {time.perf_counter() - t0:.0f} s"
           f" ({a.procs} processes; {sum(errors)} calls raised)")
 
 
