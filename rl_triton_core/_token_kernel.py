@@ -15,7 +15,7 @@ per thread: each thread composes its row's maps in registers, and one forward
 reverse scan).
 
 Whitening needs the mean and variance over every valid token of the batch: each
-program keeps its response's (count, mean, M2) (per element slot, combined by Chan et al.'s
+program keeps its response's (count, mean, M2) (per row of 4 tokens, combined by Chan et al.'s
 pairwise update at its end); :func:`whiten_kernel`'s programs each combine them in
 the same fixed order, then normalise in place. No host sync, no atomics.
 """
@@ -56,26 +56,37 @@ def _cols(x):
 
 
 @triton.jit
-def _coefs(R, V, M, t, ok, srt, svt, smt, g, gl, zero, MODE: tl.constexpr, FP64: tl.constexpr):
-    """(mask, value, p, q, x, y, z) at tokens t: the map (A, n) -> (x A + y n + p,
-    z n + q) of each token, the identity where not ``ok``; n is the next valid value
-    (verl), the next masked value (OpenRLHF), or unused (returns, statistics)."""
+def _loads(R, V, M, t, ok, srt, svt, smt, MODE: tl.constexpr, FP64: tl.constexpr):
+    """(mask, reward or x, value) at tokens t (0 where not loaded): rewards are read at
+    valid tokens only, values at every token of the row (verl and OpenRLHF use the
+    value at masked tokens too)."""
     m = _valid(M, t * smt, ok)
+    r = _ld(R, t * srt, m, FP64)
+    if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
+        v = _ld(V, t * svt, ok, FP64)
+    else:
+        v = r
+    return m, r, v
+
+
+@triton.jit
+def _coefs(m, r, v, ok, g, gl, zero, MODE: tl.constexpr):
+    """(p, q, x, y, z): the map (A, n) -> (x A + y n + p, z n + q) of each token, the
+    identity where not ``ok``; n is the next valid value (verl), the next masked value
+    (OpenRLHF), or unused (returns, statistics)."""
     one = zero + 1.0
     if MODE == MODE_STATS:
-        return m, _ld(R, t * srt, m, FP64), zero, zero, one, zero, one
-    r = _ld(R, t * srt, m, FP64)
+        return zero, zero, one, zero, one
     if MODE == MODE_RET_SKIP:
-        return m, r, tl.where(m, r, 0.0), zero, tl.where(m, g + zero, 1.0), zero, one
+        return tl.where(m, r, 0.0), zero, tl.where(m, g + zero, 1.0), zero, one
     if MODE == MODE_RET_MUL:
-        return m, r, tl.where(m, r, 0.0), zero, tl.where(ok, g + zero, 1.0), zero, one
-    v = _ld(V, t * svt, ok, FP64)
+        return tl.where(m, r, 0.0), zero, tl.where(ok, g + zero, 1.0), zero, one
     p = tl.where(m, r - v, 0.0)
     q = tl.where(m, v, 0.0)
     if MODE == MODE_GAE_SKIP:
-        return (m, v, p, q, tl.where(m, gl + zero, 1.0), tl.where(m, g + zero, 0.0),
+        return (p, q, tl.where(m, gl + zero, 1.0), tl.where(m, g + zero, 0.0),
                 tl.where(m, zero, 1.0))
-    return (m, v, p, q, tl.where(ok, gl + zero, 1.0), tl.where(ok, g + zero, 0.0),
+    return (p, q, tl.where(ok, gl + zero, 1.0), tl.where(ok, g + zero, 0.0),
             tl.where(ok, zero, 1.0))
 
 
@@ -135,7 +146,7 @@ def _valid(M, off, ok):
 def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T, N,
                       g_hi, g_lo, gl_hi, gl_lo,
                       MODE: tl.constexpr, PACKED: tl.constexpr, WHITEN: tl.constexpr,
-                      FP64: tl.constexpr, BT: tl.constexpr, STAGES: tl.constexpr):
+                      FP64: tl.constexpr, BT: tl.constexpr, PREFETCH: tl.constexpr):
     """One response per program, scanned from its end BT tokens at a time (chunks
     aligned to BT from its start, so loads vectorise). Row bases are 64-bit scalars,
     token offsets 32-bit (the launcher checks a row's extent fits). Inputs by
@@ -174,28 +185,39 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
     z = tl.sum(z1, axis=0)
     carry_nv = z
     carry = z
-    # whitening statistics per element slot, reduced once at the end: count, and the
+    # whitening statistics per row of 4 tokens, reduced once at the end: count, and the
     # sum and sum of squares of (h - k), k a shift near the data (no cancellation): the
     # first nonzero carry out of a chunk, an output of the scan itself
-    s0 = zero
-    s1 = zero
-    s2 = zero
+    s0 = z1
+    s1 = z1
+    s2 = z1
     k = z
     lane = tl.arange(0, RW)
     prev = tl.maximum(lane - 1, 0)
     first = lane == 0
     last = lane == RW - 1  # the chunk's first token: row RW-1, token 0
     n_chunks = tl.cdiv(L, BT)
-    for c in tl.range(0, n_chunks, num_stages=STAGES):
+    t = n_chunks * BT - 4 * (i + 1) + j  # the last chunk's tokens
+    ok = t < L
+    if PREFETCH:
+        m, r, v = _loads(R, V, M, t, ok, srt, svt, smt, MODE, FP64)
+    for _ in range(0, n_chunks):
         # A chunk is RW rows of 4 consecutive tokens, row 0 the latest, one row per
         # thread (its loads vectorise). Each thread composes its row's maps in
         # registers (token 3 first); a FORWARD scan over the rows gives the state after
         # every row, and the state entering row i is the one after row i - 1, moved one
         # lane by a gather. (A reverse tl.associative_scan flips every operand through
         # five warp shuffles per element: shuffle throughput bound the kernel.)
-        t = (n_chunks - c) * BT - 4 * (i + 1) + j
-        ok = t < L
-        m, v, p, q, x, y, zz = _coefs(R, V, M, t, ok, srt, svt, smt, g, gl, zero, MODE, FP64)
+        # PREFETCH: the next chunk's loads are issued before this chunk's scan, so
+        # they are in flight while it computes (one program per response leaves
+        # few loads in flight per SM otherwise).
+        if PREFETCH:
+            tn = t - BT
+            okn = (tn >= 0) & (tn < L)
+            mn, rn, vn = _loads(R, V, M, tn, okn, srt, svt, smt, MODE, FP64)
+        else:
+            m, r, v = _loads(R, V, M, t, ok, srt, svt, smt, MODE, FP64)
+        p, q, x, y, zz = _coefs(m, r, v, ok, g, gl, zero, MODE)
         if MODE == MODE_STATS:
             h = v
         else:
@@ -236,15 +258,18 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
                 s1 = s1 - s0 * kn
                 k = kn
             d = tl.where(m, h - k, 0.0)
-            s0 += m.to(zero.dtype)
-            s1 += d
-            s2 += d * d
+            s0 += tl.sum(m.to(zero.dtype), axis=1)  # per row of 4: in the thread
+            s1 += tl.sum(d, axis=1)
+            s2 += tl.sum(d * d, axis=1)
+        if PREFETCH:
+            m, r, v = mn, rn, vn
+        t = t - BT
+        ok = (t >= 0) & (t < L)
     if WHITEN:
         n_l = s0
         mean_l = tl.where(n_l > 0, k + s1 / tl.maximum(n_l, 1.0), 0.0)
         q_l = tl.maximum(s2 - s1 * s1 / tl.maximum(n_l, 1.0), 0.0)
-        cnt, mean, m2 = tl.reduce((n_l, mean_l, q_l), 1, _chan)
-        cnt, mean, m2 = tl.reduce((cnt, mean, m2), 0, _chan)
+        cnt, mean, m2 = tl.reduce((n_l, mean_l, q_l), 0, _chan)
     if WHITEN:
         tl.store(WS + row, cnt)
         tl.store(WS + N + row, mean)
@@ -284,6 +309,31 @@ def _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
 
 
 @triton.jit
+def _block(X, M, Y, b, sxn, sxt, smn, smt, T, numel, t_blocks, FILL: tl.constexpr,
+           FLAT: tl.constexpr, FP64: tl.constexpr, BLOCK: tl.constexpr):
+    """Block b's data, validity (if FILL), output pointers and bounds: FLAT (X and M
+    contiguous), blocks of the flat data; else (row, token block) pairs, by strides."""
+    if FLAT:
+        t = (tl.zeros([BLOCK], tl.int64) + b) * BLOCK + tl.arange(0, BLOCK)  # 64-bit
+        ok = t < numel
+        x = _ld(X, t, ok, FP64)
+        valid = ok
+        if FILL:
+            valid = _valid(M, t, ok)
+        out = Y + t
+    else:
+        row = tl.zeros([], tl.int64) + b // t_blocks
+        t = (b % t_blocks) * BLOCK + tl.arange(0, BLOCK)
+        ok = t < tl.where(row * T < numel, T, 0)
+        x = _ld(X + row * sxn, t * sxt, ok, FP64)
+        valid = ok
+        if FILL:
+            valid = _valid(M + row * smn, t * smt, ok)
+        out = Y + row * T + t
+    return x, valid, out, ok
+
+
+@triton.jit
 def whiten_kernel(X, M, Y, WS, N, sxn, sxt, smn, smt, T, numel, n_blocks, t_blocks, fill,
                   ce_hi, ce_lo, eps_hi, eps_lo, NORM: tl.constexpr, SHIFT: tl.constexpr,
                   FILL: tl.constexpr, FLAT: tl.constexpr, UNBIASED: tl.constexpr,
@@ -291,26 +341,20 @@ def whiten_kernel(X, M, Y, WS, N, sxn, sxt, smn, smt, T, numel, n_blocks, t_bloc
     """Y = (X - mean) / std (+ mean if not SHIFT) where NORM, at masked tokens ``fill``
     if FILL; Y contiguous [rows, T] (Y may be X). Each program first combines the scan's
     N statistics (the same fixed order in every program: no atomics, no second launch),
-    then whitens blocks of BLOCK elements, a grid's width apart: FLAT (X and M
-    contiguous), blocks of the flat data; else (row, token block) pairs, by strides."""
+    then whitens blocks of BLOCK elements, a grid's width apart. Each block's loads are
+    issued before the previous block's (or the statistics') arithmetic, so they are in
+    flight meanwhile."""
+    b = tl.program_id(0)
+    step = tl.num_programs(0)
+    x, valid, out, ok = _block(X, M, Y, b, sxn, sxt, smn, smt, T, numel, t_blocks,
+                               FILL, FLAT, FP64, BLOCK)
     if NORM:
         mu, rstd = _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED, FP64, RB)
-    for b in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
-        if FLAT:
-            t = (tl.zeros([BLOCK], tl.int64) + b) * BLOCK + tl.arange(0, BLOCK)  # 64-bit
-            ok = t < numel
-            x = _ld(X, t, ok, FP64)
-            if FILL:
-                valid = _valid(M, t, ok)
-            out = Y + t
-        else:
-            row = tl.zeros([], tl.int64) + b // t_blocks
-            t = (b % t_blocks) * BLOCK + tl.arange(0, BLOCK)
-            ok = t < T
-            x = _ld(X + row * sxn, t * sxt, ok, FP64)
-            if FILL:
-                valid = _valid(M + row * smn, t * smt, ok)
-            out = Y + row * T + t
+    while b < n_blocks:
+        bn = b + step
+        lim = tl.where(bn < n_blocks, numel, 0)  # past the last block: nothing loaded
+        xn, validn, outn, okn = _block(X, M, Y, bn, sxn, sxt, smn, smt, T, lim, t_blocks,
+                                       FILL, FLAT, FP64, BLOCK)
         y = x
         if NORM:
             y = (x - mu) * rstd
@@ -319,6 +363,8 @@ def whiten_kernel(X, M, Y, WS, N, sxn, sxt, smn, smt, T, numel, n_blocks, t_bloc
         if FILL:
             y = tl.where(valid, y, fill)
         tl.store(out, y.to(Y.dtype.element_ty), mask=ok)
+        b = bn
+        x, valid, out, ok = xn, validn, outn, okn
 
 
 def _hilo(x: float):
@@ -329,13 +375,16 @@ def _hilo(x: float):
 
 
 def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
-    """(BT, num_warps, num_stages) of the scan of ``n_rows`` responses of about
-    ``n_tokens`` tokens: BT tokens per step."""
-    # Measured on the H200 (scripts/token_sweep.py, whitened, device time):
-    # 4096x16384 best at 256 tokens and 2 warps, 1024x8192 at 512 and 2, 256x4096 (256
-    # programs, one per response) at 1024 and 8. Splitting the time axis over programs
-    # (one chunk each, a look-back over the later chunks' maps) was slower at every
-    # setting tried (docs/notes.md)
+    """(BT, num_warps, prefetch) of the scan of ``n_rows`` responses of about
+    ``n_tokens`` tokens: BT tokens per step; prefetch: 1 to load the next chunk
+    before scanning this one."""
+    # Measured on the H200 (scripts/token_sweep.py, device time; docs/notes.md): the
+    # prefetch of the next chunk paid at every shape (4096x16384 unwhitened 493 -> 392
+    # µs); 4096x16384 best at 256 tokens and 2 warps, 1024x8192 at 512 and 2, 256x4096
+    # (256 programs, one per response) at 1024 and 8. At 1024 responses, 8 programs
+    # must fit on each of the H200's 132 SMs for one wave: 128 registers a thread at
+    # most. Splitting the time axis over programs (one chunk each, a look-back over the
+    # later chunks' maps) was slower at every setting tried
     if n_rows >= 2048:
         bt, warps = 256, 2
     elif n_rows >= 512:
@@ -364,7 +413,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         if t is not None and (n_tok + 1) * t.stride(1) >= 2**31:
             raise ValueError(f"{name}: a response spans {n_tok} tokens of stride "
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
-    bt, warps, stages = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
+    bt, warps, prefetch = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
     ws = torch.empty(3 * n_rows, dtype=acc, device=device) if whiten else None
     vv = v if v is not None else src
     if mode != MODE_STATS or whiten:
@@ -372,7 +421,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
             src, vv, m, cu, out0, out1 if out1 is not None else out0, ws,
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
             n_tok, n_rows, *_hilo(g), *_hilo(gl),
-            MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, STAGES=stages,
+            MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, PREFETCH=bool(prefetch),
             num_warps=warps)
     if how is None:
         return
@@ -389,5 +438,6 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         x, m, out0, ws, n_rows, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok, numel,
         n_blocks, t_blocks, 0.0 if fill is None else fill, *ce, *ep, NORM=whiten,
         SHIFT=bool(how[3]), FILL=fill is not None, FLAT=flat,
-        UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BLOCK=block, RB=2048,
+        UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BLOCK=block,
+        RB=max(128, min(2048, triton.next_power_of_2(n_rows))),
         num_warps=4)

@@ -82,7 +82,8 @@ def main():
     with ctx.Pool(a.procs) as pool:
         errors = pool.map(_work, [(p, seed, n_cases, test_fuzz.GPU_PROFILES, sms)
                                   for p in parts])
-    print(f"precompiled {len({j[:2] for j in jobs})} chunks x {n_cases} cases in {time.perf_counter() - t0:.0f} s"
+    n_chunks = len({j[:2] for j in jobs})
+    print(f"precompiled {n_chunks} chunks x {n_cases} cases in {time.perf_counter() - t0:.0f} s"
           f" ({a.procs} processes; {sum(errors)} calls raised)")
 
 

@@ -1,7 +1,7 @@
 """Device time of masked GAE (+ whitening) over the scan's chunk length and warps.
 
     python scripts/token_sweep.py [--shapes 256x4096,1024x8192,4096x16384]
-        [--configs BT:warps[:stages],...]
+        [--configs BT:warps[:prefetch],...]
 """
 import argparse
 
@@ -16,13 +16,13 @@ from rl_triton_core.bench.tokens import inputs
 ap = argparse.ArgumentParser()
 ap.add_argument("--shapes", default="256x4096,1024x8192,4096x16384")
 ap.add_argument("--configs", default=(
-    "256:1,512:1,512:2,1024:2,1024:4,2048:4,2048:8,4096:8"))
+    "256:2:0,256:2:1,512:2:0,512:2:1,1024:8:0,1024:8:1,1024:4:1,2048:8:1,2048:16:1,4096:16:1"))
 ap.add_argument("--whiten", default="0,1")
 ap.add_argument("--mask", default="int64")
 opts = ap.parse_args()
 timer = harness.Timer("cuda", 100)
 default = K.config
-print("| shape | whiten | BN | BT | warps | stages | device µs | floor µs | ratio |")
+print("| shape | whiten | BN | BT | warps | prefetch | device µs | floor µs | ratio |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 for shape in opts.shapes.split(","):
     B, T = (int(s) for s in shape.split("x"))
