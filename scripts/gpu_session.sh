@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
 # Logs and tables go to $OUT.
-# usage: bash scripts/gpu_session.sh [multigpu|fuzz|llm|tests|backward|sweep|lookback|quick|bench|full|
+# usage: bash scripts/gpu_session.sh [multigpu|fuzz|llm|verl|tests|backward|sweep|lookback|quick|bench|full|
 #        hostcost|compare|interleave|rllib|all]
 #        [bench args...]
 # Pass RL_TRITON_COMMIT=<sha> from the development machine: the device's git may be stale.
@@ -59,7 +59,8 @@ if [[ $what == fuzz ]]; then
     grep -E "^FAILED|passed|failed|error" "$OUT/then.log" | tail -10
   fi
 fi
-# llm: the verl / OpenRLHF / TRL adapters' GPU tests and the token benchmark; needs the
+# llm: the OpenRLHF / TRL adapters' GPU tests (verl's skip: see verl below), the token
+# and group GPU tests and the token benchmark; needs the
 # cp312 wheels in .llmwhl/ carried (carry=[".llmwhl"]: verl, openrlhf and trl without their
 # pins, transformers 5.10.4, numpy 2.2.6, omegaconf, codetiming and their wheels, antlr4
 # as a built wheel; 46 MB)
@@ -78,6 +79,17 @@ if [[ $what == llm ]]; then
   timeout ${TOKEN_TIMEOUT:-200} python -m rl_triton_core.bench.tokens --json "$OUT/tokens.json" \
     > "$OUT/tokens.md" 2> "$OUT/tokens.log"
   cat "$OUT/tokens.md"
+fi
+# verl: verl's GPU tests; verl's core_algos imports ray and tensordict, which do not fit
+# beside .llmwhl in one call: carry=[".verlwhl"] (54 MB of cp312 wheels, ray stripped by
+# scripts/strip_ray_wheel.py, whose docstring lists them)
+if [[ $what == verl ]]; then
+  python -m pip install -q --no-index --find-links .verlwhl --no-deps .verlwhl/*.whl \
+    > "$OUT/verl_install.log" 2>&1 || tail -5 "$OUT/verl_install.log"
+  python -c "import verl.trainer.ppo.core_algos" || echo "verl did not import"
+  timeout ${VERL_TIMEOUT:-120} python -m pytest tests/integrations/verl -m gpu -q -rfs -n 4 \
+    -p no:cacheprovider -W ignore > "$OUT/verl_tests.log" 2>&1
+  grep -E "^FAILED|^SKIPPED|passed|failed|error" "$OUT/verl_tests.log" | tail -10
 fi
 if [[ $what == tests || $what == all ]]; then
   gpus=$(nvidia-smi -L | wc -l); workers=$(( $(nproc) - 2 ))
