@@ -1,7 +1,7 @@
 """Device time of masked GAE (+ whitening) over the scan's chunk length and warps.
 
     python scripts/token_sweep.py [--shapes 256x4096,1024x8192,4096x16384]
-        [--configs BT:warps[:prefetch],...]
+        [--configs BT:warps,...]
 """
 import argparse
 
@@ -16,14 +16,14 @@ from rl_triton_core.bench.tokens import inputs
 ap = argparse.ArgumentParser()
 ap.add_argument("--shapes", default="256x4096,1024x8192,4096x16384")
 ap.add_argument("--configs", default=(
-    "256:2:0,256:2:1,512:2:0,512:2:1,1024:8:0,1024:8:1,1024:4:1,2048:8:1,2048:16:1,4096:16:1"))
+    "256:2,512:2,512:4,1024:4,1024:8,2048:4,2048:8"))
 ap.add_argument("--whiten", default="0,1")
 ap.add_argument("--mask", default="int64")
 opts = ap.parse_args()
 timer = harness.Timer("cuda", 100)
 default = K.config
-print("| shape | whiten | BN | BT | warps | prefetch | device µs | floor µs | ratio |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| shape | whiten | BT | warps | device µs | floor µs | ratio |")
+print("|---|---|---:|---:|---:|---:|---:|")
 for shape in opts.shapes.split(","):
     B, T = (int(s) for s in shape.split("x"))
     r, v, m = inputs(B, T, torch.float32, "cuda")
@@ -35,20 +35,18 @@ for shape in opts.shapes.split(","):
     fl2 = fl1 + timer.measure(f2, graph=True)["device_us"]
     for whiten in [w == "1" for w in opts.whiten.split(",")]:
         for cfg in opts.configs.split(","):
-            bt, w, st = (int(x) for x in (cfg + ":1").split(":")[:3])
-            bn = 1
-            if True:
-                K.config = lambda n, t, bt=bt, w=w, st=st: (bt, w, st)
-                try:
-                    def fn(r=r, v=v, m=m, whiten=whiten):
-                        return rc.masked_gae(r, v, m, gamma=1.0, lmbda=0.95, whiten=whiten,
-                                             count_eps=1e-8, time_dim=-1)
-                    d = timer.measure(fn, graph=True)["device_us"]
-                except Exception as e:  # noqa: BLE001
-                    print(f"| {shape} | {whiten} | {bn} | {bt} | {w} | {st} | error "
-                          f"{type(e).__name__} | | |")
-                    continue
-                fl = fl2 if whiten else fl1
-                print(f"| {shape} | {whiten} | {bn} | {bt} | {w} | {st} | {d:.1f} | {fl:.1f} | "
-                      f"{d / fl:.2f} |", flush=True)
+            bt, w = (int(x) for x in cfg.split(":"))
+            K.config = lambda n, t, bt=bt, w=w: (bt, w)
+            try:
+                def fn(r=r, v=v, m=m, whiten=whiten):
+                    return rc.masked_gae(r, v, m, gamma=1.0, lmbda=0.95, whiten=whiten,
+                                         count_eps=1e-8, time_dim=-1)
+                d = timer.measure(fn, graph=True)["device_us"]
+            except Exception as e:  # noqa: BLE001
+                print(f"| {shape} | {whiten} | {bt} | {w} | error "
+                      f"{type(e).__name__} | | |")
+                continue
+            fl = fl2 if whiten else fl1
+            print(f"| {shape} | {whiten} | {bt} | {w} | {d:.1f} | {fl:.1f} | "
+                  f"{d / fl:.2f} |", flush=True)
     K.config = default

@@ -249,7 +249,7 @@ def test_kernel_tiles(where, monkeypatch, bt, warps):
         pytest.skip("the Triton kernel's tiling")
     from rl_triton_core import _token_kernel
 
-    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (bt, warps, 1))
+    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (bt, warps))
     B, T = 7, 45
     r, v, m = _inputs(21, B, T, torch.float64, "multi", device)
     m[0, :3] = True
@@ -283,7 +283,7 @@ def test_whitening_shift(where, monkeypatch, skip):
         pytest.skip("the Triton kernel's tiling")
     from rl_triton_core import _token_kernel
 
-    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (16, 1, 1))
+    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (16, 1))
     g = torch.Generator().manual_seed(5)
     B, T = 3, 1024
     r = torch.randn(B, T, generator=g)
