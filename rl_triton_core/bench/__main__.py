@@ -1,5 +1,6 @@
 """python -m rl_triton_core.bench [--quick] [--estimators gae,vtrace] [--shapes 4096x128,...]
-[--layouts batch,time] [--trunc none,flags] [--no-peers] [--out bench_out] [--commit SHA]
+[--layouts batch,time] [--trunc none,flags] [--no-peers] [--peers a,b] [--rl-triton-src PATH]
+[--out bench_out] [--commit SHA]
 
 Runs the benchmark on the CUDA GPU and writes ``<out>/benchmarks.json`` (header + one
 record per row), ``<out>/benchmarks.md`` and the PNG plots. Without a GPU (or with
@@ -46,9 +47,17 @@ def parse(argv=None):
                     help="none (truncated=None) and/or flags (a random truncated tensor)")
     ap.add_argument("--out", default="bench_out", help="output folder (default bench_out/)")
     ap.add_argument("--no-peers", action="store_true",
-                    help="only ours and the floor (no loop / TorchRL / compiled scan)")
+                    help="only ours and the floor (no other peer)")
     ap.add_argument("--peers", type=_list, default=None,
-                    help="comma list of peers (loop, torchrl, torchrl_vec, compiled_scan)")
+                    help="comma list of peers (loop, torchrl, torchrl_vec, compiled_scan, "
+                         "rl_triton, pufferlib; default: all). rl_triton (rl-triton 0.1.3's "
+                         "estimators) and pufferlib (PufferLib 3.0's GAE kernel, JIT-built "
+                         "from rl-triton's benchmarks/pufferlib_ext) come from the checkout "
+                         "named by --rl-triton-src, else n/a")
+    ap.add_argument("--rl-triton-src", default=None, metavar="PATH",
+                    help="root of a checkout of github.com/simonsays1980/rl-triton (tag "
+                         "v0.1.3; holds src/rl_triton and benchmarks/pufferlib_ext) for the "
+                         "rl_triton and pufferlib peers (default: $RL_TRITON_SRC)")
     ap.add_argument("--all-peers", action="store_true",
                     help="run the peers on the truncated=None rows too, and lift their caps "
                          "(Python loops beyond T=4096, TorchRL's vectorised GAE beyond "
@@ -112,7 +121,8 @@ def options(args, smoke: bool):
         target_ms=target, compile_budget_s=budget,
         compile_backend="eager" if smoke else "inductor",
         device="cpu" if smoke else "cuda", seed=args.seed, commit=args.commit,
-        progress=not args.no_progress, deadline_s=args.deadline_s)
+        progress=not args.no_progress, deadline_s=args.deadline_s,
+        rl_triton_src=args.rl_triton_src or os.environ.get("RL_TRITON_SRC"))
 
 
 def main(argv=None) -> int:

@@ -581,6 +581,7 @@ class Options:
     progress: bool = True
     deadline_s: float = 0.0  # > 0: stop starting cases after this many seconds
     partial_path: str | None = None  # JSON of the rows so far, rewritten after each shape
+    rl_triton_src: str | None = None  # rl-triton checkout (else $RL_TRITON_SRC): 2 peers
 
 
 class _Progress:
@@ -743,6 +744,7 @@ def make_header(opts: Options) -> dict:
     import triton
 
     import rl_triton_core
+    from rl_triton_core.bench import ext_peers
     from rl_triton_core.bench import peers as P
 
     cuda = torch.device(opts.device).type == "cuda"
@@ -760,6 +762,8 @@ def make_header(opts: Options) -> dict:
         "rl_triton_core": rl_triton_core.__version__,
         "torchrl": P.torchrl_version() if any(p.startswith("torchrl") for p in opts.peers)
         else None,
+        "rl_triton": ext_peers.rl_triton_version(opts) if "rl_triton" in opts.peers else None,
+        "pufferlib": ext_peers.pufferlib_desc(opts) if "pufferlib" in opts.peers else None,
         "estimators": list(opts.estimators),
         "shapes": [f"{n}x{t}" for n, t in opts.shapes],
         "layouts": list(opts.layouts),
@@ -794,7 +798,13 @@ def make_header(opts: Options) -> dict:
             f"compiled scan: torch.compile (backend {opts.compile_backend}, dynamic=False), "
             f"compile time not in the timings, at most {opts.compile_budget_s:.0f} s of "
             "compiling in all",
-        ],
+        ] + ([
+            "rl-triton / PufferLib (from the rl-triton checkout): inputs converted to their "
+            "conventions once per case outside the timed call (batch-major float32 copies, "
+            "float32 flags, bootstrap_values [N, T]; PufferLib's [N, T+1] rows): each row's "
+            "prep says what; value targets they do not return are an add in the call; "
+            "PufferLib is not graph-captured (legacy default stream)"]
+            if {"rl_triton", "pufferlib"} & set(opts.peers) else []),
     }
     if cuda:
         props = torch.cuda.get_device_properties(0)

@@ -10,6 +10,17 @@
   ``vec_td_lambda_return_estimate`` (the ``vectorized=True`` path).
 * ``compiled_scan`` -- GAE as a log-depth (Hillis-Steele) scan of (alpha, beta) pairs in
   torch ops, ``torch.compile``d, one compiled object per shape.
+* ``rl_triton``     -- rl-triton 0.1.3 (github.com/simonsays1980/rl-triton), the Triton
+  project this one grew from: its compute_gae, compute_lambda_returns,
+  compute_discounted_returns, compute_vtrace, compute_retrace (per-action tensors:
+  our retrace_from_actions), compute_eligibility_traces, compute_episodic_prefix_sum.
+* ``pufferlib``     -- PufferLib 3.0's advantage kernel (GAE; one CUDA thread per row,
+  sequential over time), vendored in rl-triton's ``benchmarks/pufferlib_ext`` and
+  JIT-built once (not timed).
+
+The last two are imported from a checkout of rl-triton named by ``--rl-triton-src
+PATH`` or ``$RL_TRITON_SRC`` (never copied into this project) and are "n/a" without
+one; ``ext_peers.py`` says how each case is mapped onto their conventions.
 
 A peer is made by ``make_peer(name, estimator, d, opts)`` which returns
 ``(fn, graphable, info)`` (``info``: extra fields for the record, e.g. ``compile_s``) or
@@ -22,12 +33,15 @@ import time
 
 import torch
 
+from rl_triton_core.bench import ext_peers
+
 __all__ = ["Skip", "PEERS", "APPLIES", "make_floor", "make_peer", "floor_config"]
 
-PEERS = ("loop", "torchrl", "torchrl_vec", "compiled_scan")
-# which estimators each peer implements
+PEERS = ("loop", "torchrl", "torchrl_vec", "compiled_scan", "rl_triton", "pufferlib")
+# which estimators each peer implements (rl_triton's "retrace" row says why it is n/a)
 APPLIES = {"loop": ("gae", "lambda_returns"), "torchrl": ("gae", "lambda_returns"),
-           "torchrl_vec": ("gae", "lambda_returns"), "compiled_scan": ("gae",)}
+           "torchrl_vec": ("gae", "lambda_returns"), "compiled_scan": ("gae",),
+           **ext_peers.APPLIES}
 
 LOOP_MAX_T = 4096  # Python loops over time: skipped beyond this (unless --all-peers)
 VEC_MAX_NUMEL = 1 << 24  # TorchRL's vectorised GAE pads every trajectory to the longest
@@ -315,9 +329,11 @@ def _explicit_next_values(d):
 def make_peer(name: str, estimator: str, d, opts):
     """(fn, graphable, info) for peer ``name`` on case ``d`` (a harness ``View``), or Skip.
 
-    Only the compiled scan is captured in a CUDA graph: the Python loops are host-bound
-    (their device time is not what a user waits for) and TorchRL's vectorised GAE syncs
-    with the host (``torch.max`` of the trajectory lengths sizes a tensor)."""
+    Only the compiled scan and rl-triton are captured in a CUDA graph: the Python loops
+    are host-bound (their device time is not what a user waits for) and TorchRL's
+    vectorised GAE syncs with the host (``torch.max`` of the trajectory lengths sizes a
+    tensor); PufferLib's kernel launches on the legacy default stream, outside any
+    capture."""
     T = d.T
     td = d.time_dim % 2
     gamma, lmbda = d.gamma, d.lmbda
@@ -372,5 +388,8 @@ def make_peer(name: str, estimator: str, d, opts):
         spent = time.perf_counter() - t0
         opts.compile_spent_s += spent
         return fn, r.is_cuda, {"compile_s": round(spent, 2)}
+
+    if name in ext_peers.APPLIES:
+        return ext_peers.make(name, estimator, d, opts)
 
     raise Skip(f"unknown peer {name!r}")
