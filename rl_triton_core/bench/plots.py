@@ -91,6 +91,10 @@ def _full_or_none(rec):
     return None if rec is None or not rec.get("ok") else rec.get("full_us")
 
 
+def _b2b_or_none(rec):
+    return None if rec is None or not rec.get("ok") else rec.get("b2b_us")
+
+
 def summary(records, estimator) -> list:
     """The issue's targets for one estimator, as lines of text."""
     idx = _index(records)
@@ -149,16 +153,18 @@ def summary(records, estimator) -> list:
 
 COLUMNS = ("shape", "layout", "trunc", "ours us", "floor us", "x floor", "ours full us",
            "floor full us", "GB/s", "compiled us", "compiled / ours", "TorchRL us",
-           "TorchRL / ours", "TorchRL vec us", "vec / ours", "loop us", "max err")
+           "TorchRL / ours", "TorchRL vec us", "vec / ours", "loop us", "rl-triton us",
+           "rl-triton / ours", "PufferLib b2b us", "PufferLib / ours", "max err")
 
 
 def table(records, estimator) -> list:
     idx = _index(records)
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for shape, layout, trunc in _cases(records, estimator):
-        ours, floor, comp, trl, vec, loop = (
+        ours, floor, comp, trl, vec, loop, rlt, puff = (
             idx.get((estimator, shape, layout, trunc, impl))
-            for impl in ("ours", "floor", "compiled_scan", "torchrl", "torchrl_vec", "loop"))
+            for impl in ("ours", "floor", "compiled_scan", "torchrl", "torchrl_vec", "loop",
+                         "rl_triton", "pufferlib"))
         od = _device_or_none(ours)
         of = _full_or_none(ours)
         row = [shape, layout, trunc,
@@ -173,6 +179,10 @@ def table(records, estimator) -> list:
                _cell(vec, "full_us"),
                _fmt_ratio(_ratio(_full_or_none(vec), of)) or "-",
                _cell(loop, "full_us"),
+               _cell(rlt, "device_us"),
+               _fmt_ratio(_ratio(_device_or_none(rlt), od)) or "-",
+               _cell(puff, "b2b_us"),
+               _fmt_ratio(_ratio(_b2b_or_none(puff), _b2b_or_none(ours))) or "-",
                _cell(ours, "max_err", lambda x: f"{x:.1e}")]
         lines.append("| " + " | ".join(row) + " |")
     return lines
@@ -199,6 +209,9 @@ def markdown(result: dict) -> str:
                f"torch {h.get('torch')}, triton {h.get('triton')}, python {h.get('python')}, "
                f"TorchRL {h.get('torchrl') or 'absent'}; commit `{h.get('commit')}`; "
                f"{h.get('date')}.")
+    ext = [h[k] for k in ("rl_triton", "pufferlib") if h.get(k)]
+    if ext:
+        out.append("Peers from the rl-triton checkout: " + "; ".join(ext) + ".")
     if h.get("incomplete"):
         out.append(f"**Incomplete run: {h['incomplete']}.**")
     if h.get("wall_s"):
@@ -212,7 +225,9 @@ def markdown(result: dict) -> str:
             "`GB/s` = bytes moved / ours device time; `compiled / ours` = compiled-scan "
             "device time / ours; `TorchRL / ours`, `vec / ours` = full-call time / ours "
             "full-call time (their Python loops are host-bound, TorchRL's vectorised GAE "
-            "syncs with the host); `loop us` = full call of a CleanRL-style loop; WRONG = "
+            "syncs with the host); `loop us` = full call of a CleanRL-style loop; "
+            "`rl-triton / ours` = rl-triton 0.1.3's device time / ours; `PufferLib / ours` = "
+            "back-to-back time / ours (its kernel is not graph-captured); WRONG = "
             "failed the reference check (not timed); n/a = not run (see the notes).", ""]
     for est in _estimators(records):
         out += [f"## {est}", ""]
@@ -258,7 +273,7 @@ def write_plots(result: dict, out_dir) -> list:
     files = []
     styles = {"batch": "-", "time": "--"}
     colors = {"ours": "C0", "floor": "C1", "compiled_scan": "C2", "torchrl": "C3",
-              "torchrl_vec": "C4", "loop": "C5"}
+              "torchrl_vec": "C4", "loop": "C5", "rl_triton": "C6", "pufferlib": "C7"}
 
     for est in _estimators(records):
         shapes = _shape_order(records, est)
@@ -320,13 +335,14 @@ def write_plots(result: dict, out_dir) -> list:
         fig, ax = plt.subplots(figsize=(9, 4.8))
         drawn = False
         for impl, key in (("compiled_scan", "device_us"), ("torchrl", "full_us"),
-                          ("torchrl_vec", "full_us"), ("loop", "full_us")):
+                          ("torchrl_vec", "full_us"), ("loop", "full_us"),
+                          ("rl_triton", "device_us"), ("pufferlib", "b2b_us")):
             for layout in ("batch", "time"):
                 ys = []
                 for s in shapes:
                     ours = _prefer_trunc(idx, "gae", s, layout, "ours")
                     peer = _prefer_trunc(idx, "gae", s, layout, impl)
-                    o = _device_or_none(ours) if key == "device_us" else _full_or_none(ours)
+                    o = None if ours is None or not ours.get("ok") else ours.get(key)
                     p = None
                     if peer is not None and peer.get("ok"):
                         p = peer.get(key)
@@ -335,7 +351,7 @@ def write_plots(result: dict, out_dir) -> list:
                 if all(math.isnan(y) for y in ys):
                     continue
                 drawn = True
-                what = "device" if key == "device_us" else "full call"
+                what = {"device_us": "device", "b2b_us": "back to back"}.get(key, "full call")
                 ax.plot(range(len(shapes)), ys, styles[layout], marker="o", color=colors[impl],
                         label=f"{impl} {layout} ({what})")
         ax.set_yscale("log")
