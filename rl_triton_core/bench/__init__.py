@@ -7,7 +7,9 @@ time-major ``[T, N]`` with ``time_dim=0``) and truncation case (``truncated=None
 a flag tensor), it checks the output against the float64 reference and times the call
 three ways (full call, back-to-back, CUDA-graph device time), beside the peers: the
 floor (a Triton elementwise kernel moving the same bytes), a CleanRL-style Python
-loop, TorchRL's functional GAE / TD(lambda) and a ``torch.compile``d log-depth scan.
+loop, TorchRL's functional GAE / TD(lambda), a ``torch.compile``d log-depth scan, and,
+given a checkout of rl-triton (``--rl-triton-src PATH`` or ``$RL_TRITON_SRC``),
+rl-triton 0.1.3's estimators and PufferLib 3.0's advantage kernel.
 
     python -m rl_triton_core.bench                 # the full set, ~5 min on an H200
     python -m rl_triton_core.bench --quick         # three shapes, ~1-2 min
@@ -22,6 +24,8 @@ a long-format result file, plotting kept separate):
   how to call, which inputs), the input data, the reference check, the timing harness
   and the run loop;
 * ``peers.py``   -- the floor kernel and the peer implementations;
+* ``ext_peers.py`` -- the peers imported from an rl-triton checkout (rl-triton, PufferLib)
+  and how each case is mapped onto their conventions;
 * ``plots.py``   -- the markdown table and the PNG plots, made from the JSON only.
 
 Nothing here is imported by the library itself.
