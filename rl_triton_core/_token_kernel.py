@@ -146,7 +146,7 @@ def _valid(M, off, ok):
 def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T, N,
                       g_hi, g_lo, gl_hi, gl_lo,
                       MODE: tl.constexpr, PACKED: tl.constexpr, WHITEN: tl.constexpr,
-                      FP64: tl.constexpr, BT: tl.constexpr, DEPTH: tl.constexpr):
+                      FP64: tl.constexpr, BT: tl.constexpr):
     """One response per program, scanned from its end BT tokens at a time (chunks
     aligned to BT from its start, so loads vectorise). Row bases are 64-bit scalars,
     token offsets 32-bit (the launcher checks a row's extent fits). Inputs by
@@ -200,10 +200,6 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
     t = n_chunks * BT - 4 * (i + 1) + j  # the last chunk's tokens
     ok = t < L
     m, r, v = _loads(R, V, M, t, ok, srt, svt, smt, MODE, FP64)
-    if DEPTH == 2:  # the chunk after it too
-        t1 = t - BT
-        ok1 = (t1 >= 0) & (t1 < L)
-        m1, r1, v1 = _loads(R, V, M, t1, ok1, srt, svt, smt, MODE, FP64)
     for _ in range(0, n_chunks):
         # A chunk is RW rows of 4 consecutive tokens, row 0 the latest, one row per
         # thread (its loads vectorise). Each thread composes its row's maps in
@@ -211,10 +207,10 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
         # every row, and the state entering row i is the one after row i - 1, moved one
         # lane by a gather. (A reverse tl.associative_scan flips every operand through
         # five warp shuffles per element: shuffle throughput bound the kernel.)
-        # The loads of the chunk DEPTH chunks on are issued first, so they are in
-        # flight while this one is scanned (one program per response leaves few loads
-        # in flight per SM otherwise; past the response's start they load nothing).
-        tn = t - DEPTH * BT
+        # The next chunk's loads are issued first, so they are in flight while this
+        # one is scanned (one program per response leaves few loads in flight per SM
+        # otherwise; past the response's start they load nothing).
+        tn = t - BT
         okn = (tn >= 0) & (tn < L)
         mn, rn, vn = _loads(R, V, M, tn, okn, srt, svt, smt, MODE, FP64)
         p, q, x, y, zz = _coefs(m, r, v, ok, g, gl, zero, MODE)
@@ -261,11 +257,7 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
             s0 += tl.sum(m.to(zero.dtype), axis=1)  # per row of 4: in the thread
             s1 += tl.sum(d, axis=1)
             s2 += tl.sum(d * d, axis=1)
-        if DEPTH == 2:
-            m, r, v, t, ok = m1, r1, v1, t1, ok1
-            m1, r1, v1, t1, ok1 = mn, rn, vn, tn, okn
-        else:
-            m, r, v, t, ok = mn, rn, vn, tn, okn
+        m, r, v, t, ok = mn, rn, vn, tn, okn
     if WHITEN:
         n_l = s0
         mean_l = tl.where(n_l > 0, k + s1 / tl.maximum(n_l, 1.0), 0.0)
@@ -375,9 +367,9 @@ def _hilo(x: float):
     return hi, float(np.float32(x - hi))
 
 
-def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
-    """(BT, num_warps, depth) of the scan of ``n_rows`` responses of about
-    ``n_tokens`` tokens: BT tokens per step, loads issued ``depth`` chunks ahead."""
+def config(n_rows: int, n_tokens: int) -> tuple[int, int]:
+    """(BT, num_warps) of the scan of ``n_rows`` responses of about ``n_tokens``
+    tokens: BT tokens per step."""
     # Measured on the H200 (scripts/token_sweep.py, device time; docs/notes.md): the
     # prefetch of the next chunk paid at every shape (4096x16384 unwhitened 493 -> 392
     # µs); 4096x16384 best at 256 tokens and 2 warps, 1024x8192 at 512 and 2, 256x4096
@@ -393,7 +385,7 @@ def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
         bt, warps = 1024, 8
     p2 = triton.next_power_of_2(max(int(n_tokens), 1))
     bt = max(128, min(bt, p2))
-    return bt, max(1, min(warps, bt // 128)), 1
+    return bt, max(1, min(warps, bt // 128))
 
 
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
@@ -413,7 +405,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         if t is not None and (n_tok + 1) * t.stride(1) >= 2**31:
             raise ValueError(f"{name}: a response spans {n_tok} tokens of stride "
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
-    bt, warps, depth = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
+    bt, warps = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
     ws = torch.empty(3 * n_rows, dtype=acc, device=device) if whiten else None
     vv = v if v is not None else src
     if mode != MODE_STATS or whiten:
@@ -421,7 +413,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
             src, vv, m, cu, out0, out1 if out1 is not None else out0, ws,
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
             n_tok, n_rows, *_hilo(g), *_hilo(gl),
-            MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, DEPTH=depth,
+            MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt,
             num_warps=warps)
     if how is None:
         return

@@ -1,7 +1,7 @@
 """Device time of masked GAE (+ whitening) over the scan's chunk length and warps.
 
     python scripts/token_sweep.py [--shapes 256x4096,1024x8192,4096x16384]
-        [--configs BT:warps[:depth],...]
+        [--configs BT:warps,...]
 """
 import argparse
 
@@ -22,8 +22,8 @@ ap.add_argument("--mask", default="int64")
 opts = ap.parse_args()
 timer = harness.Timer("cuda", 100)
 default = K.config
-print("| shape | whiten | BT | warps | depth | device µs | floor µs | ratio |")
-print("|---|---|---:|---:|---:|---:|---:|---:|")
+print("| shape | whiten | BT | warps | device µs | floor µs | ratio |")
+print("|---|---|---:|---:|---:|---:|---:|")
 for shape in opts.shapes.split(","):
     B, T = (int(s) for s in shape.split("x"))
     r, v, m = inputs(B, T, torch.float32, "cuda")
@@ -35,18 +35,18 @@ for shape in opts.shapes.split(","):
     fl2 = fl1 + timer.measure(f2, graph=True)["device_us"]
     for whiten in [w == "1" for w in opts.whiten.split(",")]:
         for cfg in opts.configs.split(","):
-            bt, w, dp = (int(x) for x in (cfg + ":1").split(":")[:3])
-            K.config = lambda n, t, bt=bt, w=w, dp=dp: (bt, w, dp)
+            bt, w = (int(x) for x in cfg.split(":"))
+            K.config = lambda n, t, bt=bt, w=w: (bt, w)
             try:
                 def fn(r=r, v=v, m=m, whiten=whiten):
                     return rc.masked_gae(r, v, m, gamma=1.0, lmbda=0.95, whiten=whiten,
                                          count_eps=1e-8, time_dim=-1)
                 d = timer.measure(fn, graph=True)["device_us"]
             except Exception as e:  # noqa: BLE001
-                print(f"| {shape} | {whiten} | {bt} | {w} | {dp} | error "
+                print(f"| {shape} | {whiten} | {bt} | {w} | error "
                       f"{type(e).__name__} | | |")
                 continue
             fl = fl2 if whiten else fl1
-            print(f"| {shape} | {whiten} | {bt} | {w} | {dp} | {d:.1f} | {fl:.1f} | "
+            print(f"| {shape} | {whiten} | {bt} | {w} | {d:.1f} | {fl:.1f} | "
                   f"{d / fl:.2f} |", flush=True)
     K.config = default
