@@ -245,6 +245,7 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
 _POOL = None
 THREADS = max(1, min(os.cpu_count() or 1, 8))
 _MIN_WORK = 1 << 16  # elements below which one thread is faster than handing out work
+_NO_MAPS = np.zeros((1, 1))  # the segment maps' stand-in where each stream is one segment
 
 
 def _pool():
@@ -267,8 +268,11 @@ def run(fn, args, N: int, T: int, threads: int | None = None):
     else:  # a few long streams: split time so every thread has work
         seg = max(1024, -(-T // min(4 * threads, T // 1024)))
     S = -(-T // seg)
-    ws_a = np.zeros((N, S))
-    ws_b = np.ones((N, S))
+    if S == 1:  # one pass, which reads no segment maps
+        ws_a = ws_b = _NO_MAPS
+    else:
+        ws_a = np.zeros((N, S))
+        ws_b = np.ones((N, S))
     jobs = N * S
     threads = min(threads, jobs)
     phases = (1, 2) if S > 1 else (2,)

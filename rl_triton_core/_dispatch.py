@@ -9,6 +9,7 @@ CPU path runs where Triton is not installed.
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 
 from rl_triton_core import _config
 from rl_triton_core._layout import Layout
+from rl_triton_core._table import COEF_RANGE
 
 _BACKENDS = ("auto", "triton", "cpu")
 _PLANS: dict = {}  # cache key -> _launch.Plan
@@ -59,7 +61,7 @@ def _key_of(prefix, raw, tune):
             key.append(0)
         elif type(s) is bool:
             key.append(s)
-        elif type(s) is torch.Tensor and (s.is_cuda or tune.cpu_plans):
+        elif type(s) is torch.Tensor:
             key.append((s.shape, s.stride(), s.dtype, s.device, s.data_ptr() % 16,
                         s.requires_grad))
         else:
@@ -145,7 +147,8 @@ def run(mode, layout: Layout, out_dtype, device, ins: dict, coefs: dict, *, reve
             _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx,
                         out_dtype, out is not None, tune)
     else:
-        _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune)
+        _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune,
+                 fast if out is None else None, like_idx)
     if user is not None:
         user[0].copy_(out0)
         if two_out:
@@ -167,15 +170,8 @@ def _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx, o
         like = None if like_idx is None else index.get(like_idx)
         if like_idx is not None and like is None:
             return
-        plan = _launch.record(raw, index, call, out0, out1, like, out_dtype, layout.shape,
-                              user_out, len(raw) - 2)
-        if plan is not None:
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            try:
-                _PLANS[key] = plan
-            except TypeError:
-                pass
+        _store(key, _launch.record(raw, index, call, out0, out1, like, out_dtype, layout.shape,
+                                   user_out, len(raw) - 2))
 
 
 _F64 = np.zeros(1)
@@ -192,7 +188,9 @@ def _s(value):
     return 1.0 if value is None else value
 
 
-def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune):
+def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, like_idx=None):
+    """The numba scan (or, for a variant's first call, its numpy stand-in) into ``out0``
+    and ``out1``; with ``fast`` (see :func:`run`), records the call as a :class:`CpuPlan`."""
     from rl_triton_core import _cpu_first
 
     N1, N2, T = layout.N1, layout.N2, layout.T
@@ -248,9 +246,134 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune):
         from rl_triton_core import _cpu
 
         _cpu_first.settle()
-        _cpu.run(_cpu.kernel(*key), args, layout.N, T, tune.cpu_threads)
+        fn = _cpu.kernel(*key)
+        _cpu.run(fn, args, layout.N, T, tune.cpu_threads)
         _cpu_first._READY.add(key)
+        if fast is not None and fast[0] is not None and direct:
+            _store(fast[0], CpuPlan.record(fast, fn, key, args, ins, coefs, out0, out1,
+                                           like_idx, layout, tune.cpu_threads))
     if not direct:
         out0.copy_(res0)
         if two_out:
             out1.copy_(res1)
+
+
+def _store(key, plan):
+    """Keep ``plan`` (if any) for the calls with this key (at most _MAX_PLANS)."""
+    if plan is None:
+        return
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    try:
+        _PLANS[key] = plan
+    except TypeError:
+        pass
+
+
+# numba argument position of each input slot (see ``args`` in :func:`_run_cpu`)
+_CPU_POS = {"x": 2, "v": 3, "nv": 4, "term": 5, "trunc": 6, "boot": 7, "init": 12, "rho": 13}
+_CPU_NUM_POS = {"g": 10, "lm": 11, "rb": 17, "cb": 18, "pb": 19}
+
+
+def _np_of(t, detach, as_u8, shape, strides):
+    """A numpy view of CPU tensor ``t``'s memory with these shape and byte strides."""
+    if detach:
+        t = t.detach()
+    if as_u8:
+        t = t.view(torch.uint8)
+    a = t.numpy()
+    try:
+        return np.ndarray(shape, a.dtype, a, strides=strides)
+    except ValueError:  # a is itself a non-contiguous view
+        return np.lib.stride_tricks.as_strided(a, shape=shape, strides=strides)
+
+
+class CpuPlan:
+    """A recorded CPU call: repeating it with a call's user arguments (same key: shapes,
+    strides, dtypes, device) skips validation and the layout work. It rebuilds the
+    numpy views of the user's tensors from the recorded shapes and strides, allocates
+    the outputs as the full path did and runs the numba scan. None: a check needs the
+    full path (a coefficient out of range, or the backend switched)."""
+
+    __slots__ = ("fn", "kernel_key", "template", "arrays", "numbers", "checks", "like",
+                 "dtype", "shape", "out_view", "two_out", "N", "T", "threads", "broken")
+
+    @classmethod
+    def record(cls, fast, fn, kernel_key, args, ins, coefs, out0, out1, like_idx, layout,
+               threads):
+        """The plan of a call that just ran the numba scan on CPU tensors of the user's
+        (None where a tensor was converted or copied, a coefficient is a tensor, whose
+        range the full path checks by value, or an output is not a fresh tensor)."""
+        _, raw, index = fast
+        if out0.device.type != "cpu":
+            return None
+        p = cls()
+        p.broken = False
+        p.fn, p.kernel_key, p.threads, p.N, p.T = fn, kernel_key, threads, layout.N, layout.T
+        p.arrays, p.numbers, p.checks = [], [], []
+        template = list(args)
+        for slot, t in ins.items():
+            if t is None:  # absent: the template's stand-in
+                continue
+            idx = index.get(slot)
+            pos = _CPU_POS.get(slot)
+            if pos is None:
+                return None
+            a = args[pos]
+            if idx is None or raw[idx] is not t or t.dtype in (torch.float16, torch.bfloat16):
+                return None
+            if a.__array_interface__["data"][0] != t.data_ptr():  # a copy (unmergeable)
+                return None
+            p.arrays.append((pos, idx, t.requires_grad, t.dtype == torch.bool, a.shape,
+                             a.strides))
+            template[pos] = None
+        for slot, (_, tensor) in coefs.items():
+            if tensor is not None:
+                return None
+            idx = index.get(slot)
+            user = None if idx is None else raw[idx]
+            if user is None:  # left out: the template's constant
+                continue
+            if type(user) is not float and type(user) is not int:
+                return None
+            p.numbers.append((_CPU_NUM_POS[slot], idx))
+            lo, hi = COEF_RANGE[slot]
+            p.checks.append((idx, lo, math.inf if hi is None else hi))
+        p.like = None if like_idx is None else index.get(like_idx)
+        if like_idx is not None and p.like is None:
+            return None
+        p.dtype, p.shape, p.two_out = out0.dtype, layout.shape, out1 is not None
+        o0 = args[0]
+        if o0.__array_interface__["data"][0] != out0.data_ptr():
+            return None
+        p.out_view = (o0.shape, o0.strides)
+        template[0] = template[1] = None
+        p.template = template
+        return p
+
+    def __call__(self, raw):
+        for idx, lo, hi in self.checks:
+            if not lo <= raw[idx] <= hi:  # also catches NaN: the full path raises the error
+                return None
+        if os.environ.get("RL_TRITON_CORE_BACKEND", "auto") not in ("auto", "cpu"):
+            return None
+        from rl_triton_core import _cpu, _cpu_first  # loaded: the full path ran
+
+        if not _cpu_first.ready(self.kernel_key):  # where the full path would take numpy
+            return None
+        if self.like is not None:
+            out0 = torch.empty_like(raw[self.like], dtype=self.dtype)
+        else:
+            out0 = torch.empty(self.shape, dtype=self.dtype)
+        out1 = torch.empty_like(out0) if self.two_out else None
+        args = list(self.template)
+        shape, strides = self.out_view
+        args[0] = o0 = _np_of(out0, False, False, shape, strides)
+        args[1] = _np_of(out1, False, False, shape, strides) if self.two_out else o0
+        for pos, idx, detach, as_u8, shape, strides in self.arrays:
+            args[pos] = _np_of(raw[idx], detach, as_u8, shape, strides)
+        for pos, idx in self.numbers:
+            args[pos] = float(raw[idx])
+        _cpu_first.settle()
+        _cpu.run(self.fn, args, self.N, self.T, self.threads)
+        return (out0, out1) if self.two_out else out0
