@@ -57,8 +57,8 @@ def test_replay_equals_full_path(plans, monkeypatch):
     for gamma in (0.9, 0.5, 1):  # the replay reads this call's numbers
         r2, v2, te2, done2, nv2 = _data(g)
         got = rc.gae(r2, v2, te2, done2, next_values=nv2, gamma=gamma, time_dim=-2)
-        want = _full(monkeypatch, lambda: rc.gae(r2, v2, te2, done2, next_values=nv2,
-                                                 gamma=gamma, time_dim=-2))
+        want = _full(monkeypatch, lambda a=(r2, v2, te2, done2), nv2=nv2, gamma=gamma: rc.gae(
+            *a, next_values=nv2, gamma=gamma, time_dim=-2))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert len(plans) == 3 and all(p is not None for p in plans)
 
