@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from rl_triton_core import _config
-from rl_triton_core._layout import Layout
+from rl_triton_core._layout import Layout, _np_view
 from rl_triton_core._table import COEF_RANGE
 
 _BACKENDS = ("auto", "triton", "cpu")
@@ -271,6 +271,7 @@ def _store(key, plan):
 
 
 # numba argument position of each input slot (see ``args`` in :func:`_run_cpu`)
+_CPU = torch.device("cpu")
 _CPU_POS = {"x": 2, "v": 3, "nv": 4, "term": 5, "trunc": 6, "boot": 7, "init": 12, "rho": 13}
 _CPU_NUM_POS = {"g": 10, "lm": 11, "rb": 17, "cb": 18, "pb": 19}
 
@@ -281,11 +282,7 @@ def _np_of(t, detach, as_u8, shape, strides):
         t = t.detach()
     if as_u8:
         t = t.view(torch.uint8)
-    a = t.numpy()
-    try:
-        return np.ndarray(shape, a.dtype, a, strides=strides)
-    except ValueError:  # a is itself a non-contiguous view
-        return np.lib.stride_tricks.as_strided(a, shape=shape, strides=strides)
+    return _np_view(t.numpy(), shape, strides)
 
 
 class CpuPlan:
@@ -355,7 +352,7 @@ class CpuPlan:
         for idx, lo, hi in self.checks:
             if not lo <= raw[idx] <= hi:  # also catches NaN: the full path raises the error
                 return None
-        if os.environ.get("RL_TRITON_CORE_BACKEND", "auto") not in ("auto", "cpu"):
+        if backend_for(_CPU) != "cpu":  # the backend was switched since the recording
             return None
         from rl_triton_core import _cpu, _cpu_first  # loaded: the full path ran
 

@@ -122,7 +122,7 @@ def options(args, smoke: bool):
         compile_backend="eager" if smoke else "inductor",
         device="cpu" if smoke else "cuda", seed=args.seed, commit=args.commit,
         progress=not args.no_progress, deadline_s=args.deadline_s,
-        rl_triton_src=args.rl_triton_src or os.environ.get("RL_TRITON_SRC"))
+        rl_triton_src=args.rl_triton_src)  # None: ext_peers.source reads $RL_TRITON_SRC
 
 
 def main(argv=None) -> int:

@@ -58,19 +58,19 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ENV", "APPLIES", "source", "rl_triton_version", "pufferlib_desc", "make"]
+__all__ = ["Skip", "ENV", "APPLIES", "source", "rl_triton_version", "pufferlib_desc", "make"]
+
+
+class Skip(Exception):
+    """The peer does not run for this case; the message says why. (Defined here, below
+    ``peers``, which imports this module and re-exports it as ``peers.Skip``.)"""
+
 
 ENV = "RL_TRITON_SRC"
 RL_TRITON_ESTIMATORS = ("gae", "lambda_returns", "discounted_returns", "vtrace", "retrace",
                         "retrace_from_actions", "eligibility_traces", "episodic_cumsum")
 APPLIES = {"rl_triton": RL_TRITON_ESTIMATORS, "pufferlib": ("gae",)}
 FLAT_MAX_T = 131072  # rl-triton's forward scans have no chunked path beyond this
-
-
-def _skip_class():
-    from rl_triton_core.bench.peers import Skip
-
-    return Skip
 
 
 def source(opts=None) -> Path | None:
@@ -80,7 +80,6 @@ def source(opts=None) -> Path | None:
 
 
 def _need_source(opts) -> Path:
-    Skip = _skip_class()
     src = source(opts)
     if src is None:
         raise Skip(f"no rl-triton checkout (--rl-triton-src PATH or ${ENV}: the root of "
@@ -94,7 +93,6 @@ _rl_triton: dict = {}  # source path -> (module, None) or (None, reason)
 
 
 def _import_rl_triton(opts):
-    Skip = _skip_class()
     src = _need_source(opts)
     key = str(src)
     if key not in _rl_triton:
@@ -143,7 +141,6 @@ def _lift_cuda_asserts():
 
 
 def _runs_here(device, what):
-    Skip = _skip_class()
     if device.type == "cuda":
         return False
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
@@ -186,7 +183,6 @@ def _boot_values(nv, trunc, last):
 
 
 def _make_rl_triton(estimator, d, opts):
-    Skip = _skip_class()
     from rl_triton_core.bench.peers import _explicit_next_values
 
     if estimator not in RL_TRITON_ESTIMATORS:
@@ -339,7 +335,6 @@ def _load_pufferlib(opts, device):
     ``build.py`` (pufferlib.cpp + pufferlib.cu, or an installed ``pufferlib._C``),
     on the CPU from pufferlib.cpp alone (its CPU path). Returns (op, desc, build_s),
     build_s > 0 only on the call that built it."""
-    Skip = _skip_class()
     ext = _need_source(opts) / "benchmarks" / "pufferlib_ext"
     key = (str(ext), device.type)
     if key in _puff:
@@ -377,7 +372,6 @@ def _load_pufferlib(opts, device):
 
 
 def _make_pufferlib(estimator, d, opts):
-    Skip = _skip_class()
     from rl_triton_core.bench.peers import _explicit_next_values
 
     if estimator != "gae":
@@ -427,9 +421,9 @@ def _make_pufferlib(estimator, d, opts):
 
 
 def make(name, estimator, d, opts):
-    """(fn, graphable, info) of the rl-triton or PufferLib peer, or peers.Skip."""
+    """(fn, graphable, info) of the rl-triton or PufferLib peer, or Skip."""
     if name == "rl_triton":
         return _make_rl_triton(estimator, d, opts)
     if name == "pufferlib":
         return _make_pufferlib(estimator, d, opts)
-    raise _skip_class()(f"unknown peer {name!r}")
+    raise Skip(f"unknown peer {name!r}")

@@ -34,6 +34,7 @@ import time
 import torch
 
 from rl_triton_core.bench import ext_peers
+from rl_triton_core.bench.ext_peers import Skip
 
 __all__ = ["Skip", "PEERS", "APPLIES", "make_floor", "make_peer", "floor_config"]
 
@@ -45,10 +46,6 @@ APPLIES = {"loop": ("gae", "lambda_returns"), "torchrl": ("gae", "lambda_returns
 
 LOOP_MAX_T = 4096  # Python loops over time: skipped beyond this (unless --all-peers)
 VEC_MAX_NUMEL = 1 << 24  # TorchRL's vectorised GAE pads every trajectory to the longest
-
-
-class Skip(Exception):
-    """The peer does not run for this case; the message says why."""
 
 
 # --------------------------------------------------------------------------- the floor
