@@ -106,6 +106,35 @@ def _suffixes(p, q, x, y, z):
 
 
 @triton.jit
+def _chunk(m, r, v, ok, carry, carry_nv, g, gl, zero, MODE: tl.constexpr):
+    """The states of a chunk's tokens (RW rows of 4, row 0 the latest) given the state
+    (carry, carry_nv) after the later tokens, and the state after the whole chunk.
+    Each thread composes its row's maps in registers (token 3 first); a FORWARD scan
+    over the rows gives the state after every row, and the state entering row i is the
+    one after row i - 1, moved one lane by a gather. (A reverse tl.associative_scan
+    flips every operand through five warp shuffles per element: shuffle throughput
+    bound the kernel.)"""
+    RW: tl.constexpr = zero.shape[0]
+    lane = tl.arange(0, RW)
+    j = tl.arange(0, 4)[None, :]
+    p, q, x, y, zz = _coefs(m, r, v, ok, g, gl, zero, MODE)
+    w0, w1, w2, w3 = _suffixes(p, q, x, y, zz)
+    pr, qr, xr, yr, zr = tl.associative_scan(w0, 0, _combine2)
+    oa = pr + xr * carry + yr * carry_nv  # the state after each row
+    on = qr + zr * carry_nv
+    prev = tl.maximum(lane - 1, 0)
+    ea = tl.where(lane == 0, carry, tl.gather(oa, prev, 0))  # ... and entering it
+    en = tl.where(lane == 0, carry_nv, tl.gather(on, prev, 0))
+    h1 = w1[0] + w1[2] * ea + w1[3] * en
+    h2 = w2[0] + w2[2] * ea + w2[3] * en
+    h3 = w3[0] + w3[2] * ea + w3[3] * en
+    h = tl.where(j == 0, oa[:, None], tl.where(j == 1, h1[:, None],
+                 tl.where(j == 2, h2[:, None], h3[:, None])))
+    last = lane == RW - 1  # the chunk's first token: row RW-1, token 0
+    return h, tl.sum(tl.where(last, oa, 0.0), axis=0), tl.sum(tl.where(last, on, 0.0), axis=0)
+
+
+@triton.jit
 def _chan(n1, m1, q1, n2, m2, q2):
     """(count, mean, M2) of the union of two sets (Chan, Golub and LeVeque 1979)."""
     n = n1 + n2
@@ -192,46 +221,24 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
     s1 = z1
     s2 = z1
     k = z
-    lane = tl.arange(0, RW)
-    prev = tl.maximum(lane - 1, 0)
-    first = lane == 0
-    last = lane == RW - 1  # the chunk's first token: row RW-1, token 0
     n_chunks = tl.cdiv(L, BT)
     t = n_chunks * BT - 4 * (i + 1) + j  # the last chunk's tokens
     ok = t < L
     m, r, v = _loads(R, V, M, t, ok, srt, svt, smt, MODE, FP64)
     for _ in range(0, n_chunks):
         # A chunk is RW rows of 4 consecutive tokens, row 0 the latest, one row per
-        # thread (its loads vectorise). Each thread composes its row's maps in
-        # registers (token 3 first); a FORWARD scan over the rows gives the state after
-        # every row, and the state entering row i is the one after row i - 1, moved one
-        # lane by a gather. (A reverse tl.associative_scan flips every operand through
-        # five warp shuffles per element: shuffle throughput bound the kernel.)
-        # The next chunk's loads are issued first, so they are in flight while this
-        # one is scanned (one program per response leaves few loads in flight per SM
-        # otherwise; past the response's start they load nothing).
+        # thread (its loads vectorise), scanned by _chunk. The next chunk's loads are
+        # issued first, so they are in flight while this one is scanned (one program
+        # per response leaves few loads in flight per SM otherwise; past the response's
+        # start they load nothing).
         tn = t - BT
         okn = (tn >= 0) & (tn < L)
         mn, rn, vn = _loads(R, V, M, tn, okn, srt, svt, smt, MODE, FP64)
-        p, q, x, y, zz = _coefs(m, r, v, ok, g, gl, zero, MODE)
         if MODE == MODE_STATS:
             h = v
         else:
-            w0, w1, w2, w3 = _suffixes(p, q, x, y, zz)
-            pr, qr, xr, yr, zr = tl.associative_scan(w0, 0, _combine2)
-            oa = pr + xr * carry + yr * carry_nv  # the state after each row
-            on = qr + zr * carry_nv
-            ea = tl.where(first, carry, tl.gather(oa, prev, 0))  # ... and entering it
-            en = tl.where(first, carry_nv, tl.gather(on, prev, 0))
-            h0 = oa
-            h1 = w1[0] + w1[2] * ea + w1[3] * en
-            h2 = w2[0] + w2[2] * ea + w2[3] * en
-            h3 = w3[0] + w3[2] * ea + w3[3] * en
-            h = tl.where(j == 0, h0[:, None], tl.where(j == 1, h1[:, None],
-                         tl.where(j == 2, h2[:, None], h3[:, None])))
-            carry = tl.sum(tl.where(last, oa, 0.0), axis=0)
+            h, carry, carry_nv = _chunk(m, r, v, ok, carry, carry_nv, g, gl, zero, MODE)
             if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
-                carry_nv = tl.sum(tl.where(last, on, 0.0), axis=0)
                 tl.store(ADV + t, h.to(ADV.dtype.element_ty), mask=ok)
                 if MODE == MODE_GAE_SKIP:
                     tl.store(RET + t, (h + v).to(RET.dtype.element_ty), mask=ok)
