@@ -75,6 +75,10 @@ def parse(argv=None):
     ap.add_argument("--deadline-s", type=float, default=480.0,
                     help="start no new case after this many seconds and write what was "
                          "measured (default 480; 0: none)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure each case's implementations in turn this many times and "
+                         "report the medians (interleaved: ours, floor, peers, ours, ...); "
+                         "default 1")
     ap.add_argument("--commit", default=None,
                     help="commit to record (default: $RL_TRITON_COMMIT, else git)")
     ap.add_argument("--seed", type=int, default=0)
@@ -121,7 +125,7 @@ def options(args, smoke: bool):
         target_ms=target, compile_budget_s=budget,
         compile_backend="eager" if smoke else "inductor",
         device="cpu" if smoke else "cuda", seed=args.seed, commit=args.commit,
-        progress=not args.no_progress, deadline_s=args.deadline_s,
+        progress=not args.no_progress, deadline_s=args.deadline_s, rounds=args.rounds,
         rl_triton_src=args.rl_triton_src)  # None: ext_peers.source reads $RL_TRITON_SRC
 
 

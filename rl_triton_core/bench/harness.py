@@ -580,6 +580,7 @@ class Options:
     commit: str | None = None
     progress: bool = True
     deadline_s: float = 0.0  # > 0: stop starting cases after this many seconds
+    rounds: int = 1  # > 1: each case's impls measured in turn this many times, medians
     partial_path: str | None = None  # JSON of the rows so far, rewritten after each shape
     rl_triton_src: str | None = None  # rl-triton checkout (else $RL_TRITON_SRC): 2 peers
 
@@ -612,6 +613,28 @@ class _Progress:
     def close(self):
         if self.bar is not None:
             self.bar.close()
+
+
+TIMES = ("full_us", "b2b_us", "device_us")
+
+
+def merge_rounds(recs: list) -> dict:
+    """One row from an impl's rounds (``--rounds``): each time the median over the rounds
+    that measured it, the rounds' own values kept beside it (``<time>_rounds``); the
+    first round's check, unless a later round failed."""
+    rec = dict(recs[0])
+    if len(recs) == 1:
+        return rec
+    for key in TIMES:
+        vals = [r[key] for r in recs if r.get(key) is not None]
+        rec[key] = _median(vals) if vals else None
+        rec[f"{key}_rounds"] = [r.get(key) for r in recs]
+    if rec.get("device_us") and rec.get("bytes"):
+        rec["gbps"] = round(rec["bytes"] / (rec["device_us"] * 1e-6) / 1e9, 1)
+    if rec["ok"] is not None and any(r["ok"] is False for r in recs):
+        rec["ok"] = False  # one failed round fails the row, with its note
+        rec["note"] = next(r["note"] for r in recs if r["ok"] is False)
+    return rec
 
 
 def run(opts: Options) -> dict:
@@ -689,12 +712,15 @@ def run(opts: Options) -> dict:
                 continue  # the peers cost the same either way: their time goes to "flags"
             impls.append((peer, lambda peer=peer, spec=spec, d=d: P.make_peer(
                 peer, spec.name, d, opts), True))
-        for impl, make, check in impls:
-            t0 = time.perf_counter()
-            rec = bench_impl(timer, base, impl, make, refs, check=check)
-            rec.pop("_shape", None)
-            records.append(rec)
-            clock(impl, t0)
+        rounds = {}
+        for _ in range(max(1, opts.rounds)):  # interleaved: every impl once per round
+            for impl, make, check in impls:
+                t0 = time.perf_counter()
+                rec = bench_impl(timer, base, impl, make, refs, check=check)
+                rec.pop("_shape", None)
+                rounds.setdefault(impl, []).append(rec)
+                clock(impl, t0)
+        records += [merge_rounds(recs) for recs in rounds.values()]
         bar.update(desc)
     bar.close()
     data = None
@@ -773,6 +799,7 @@ def make_header(opts: Options) -> dict:
         "rtol": RTOL,
         "target_ms": opts.target_ms,
         "peers": ["floor"] * opts.floor + list(opts.peers),
+        "rounds": max(1, opts.rounds),
         "method": [
             "inputs: fresh random float32 data (randn; beta in [0.5, 1); log_rhos 0.5 randn; "
             "softmax target probs), bool flags with P(terminated) = P(truncated) = 0.01, "
@@ -791,6 +818,10 @@ def make_header(opts: Options) -> dict:
             "floor: Triton elementwise kernel reading the same inputs and writing the same "
             "outputs, one launch, output allocation included in its full call",
             "inputs are reused across repetitions (L2-warm for small shapes), for every impl",
+        ] + ([
+            f"rounds: each case's implementations measured in turn {opts.rounds} times "
+            "(ours, floor, peers, ours, ...); every time is the median of the rounds"]
+            if opts.rounds > 1 else []) + [
             "peers other than the floor run the truncation-flags rows only"
             + (" (and the others: --all-peers)" if opts.all_peers else
                " (--all-peers: every row; also lifts the loops' T <= 4096 and TorchRL "

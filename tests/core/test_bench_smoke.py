@@ -166,6 +166,42 @@ def test_deadline_and_partial_file(tmp_path, monkeypatch):
     assert result["records"] == [] and "deadline" in result["header"]["incomplete"]
 
 
+def test_rounds_are_interleaved_and_merged(monkeypatch):
+    """--rounds 3: each impl's rows are measured in turn (ours, loop, ours, loop, ...)
+    and merged into one row whose times are the medians of the rounds'."""
+    if INTERP:
+        monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    order = []
+    real = H.bench_impl
+
+    def spy(timer, base, impl, make, refs, *, check=True):
+        order.append(impl)
+        return real(timer, base, impl, make, refs, check=check)
+
+    monkeypatch.setattr(H, "bench_impl", spy)
+    result = H.run(_smoke_options(estimators=["gae"], layouts=["batch"], peers=["loop"],
+                                  floor=False, rounds=3))
+    assert order == ["ours", "loop"] * 3
+    assert result["header"]["rounds"] == 3
+    assert any("rounds" in m for m in result["header"]["method"])
+    assert [r["impl"] for r in result["records"]] == ["ours", "loop"]
+    for r in result["records"]:
+        assert r["ok"] is True, r["note"]
+        for key in ("full_us", "b2b_us"):
+            vals = r[f"{key}_rounds"]
+            assert len(vals) == 3 and r[key] == sorted(vals)[1]
+
+
+def test_merge_rounds_keeps_a_failed_round():
+    ok = dict.fromkeys(H.FIELDS)
+    ok.update(impl="ours", ok=True, full_us=3.0, b2b_us=2.0, device_us=None, bytes=8)
+    bad = dict(ok, ok=False, full_us=None, b2b_us=None, note="n/a: boom")
+    rec = H.merge_rounds([ok, bad, dict(ok, full_us=5.0, b2b_us=4.0)])
+    assert rec["ok"] is False and rec["note"] == "n/a: boom"  # one failed round fails it
+    assert rec["full_us"] == 4.0 and rec["full_us_rounds"] == [3.0, None, 5.0]
+    assert rec["device_us"] is None and rec["device_us_rounds"] == [None, None, None]
+
+
 def test_torchrl_peers_match_the_reference(monkeypatch):
     pytest.importorskip("torchrl")
     if INTERP:
@@ -232,6 +268,8 @@ def test_cli_options():
     opts = cli.options(args, smoke=False)
     assert opts.shapes == list(H.QUICK_SHAPES) and opts.layouts == ["time"]
     assert opts.peers == [] and opts.compile_backend == "inductor"
+    assert opts.rounds == 1
+    assert cli.options(cli.parse(["--rounds", "3"]), smoke=True).rounds == 3
     opts = cli.options(cli.parse(["--shapes", "1x1e6,16x131072"]), smoke=True)
     assert opts.shapes == [(1, 1_000_000), (16, 131072)] and opts.device == "cpu"
     with pytest.raises(SystemExit):
