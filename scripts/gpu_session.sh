@@ -2,7 +2,7 @@
 # One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
 # Logs and tables go to $OUT.
 # usage: bash scripts/gpu_session.sh [multigpu|fuzz|llm|verl|tests|backward|sweep|lookback|quick|bench|full|
-#        hostcost|compare|interleave|rllib|all]
+#        hostcost|compare|interleave|rllib|peers|all]
 #        [bench args...]
 # Pass RL_TRITON_COMMIT=<sha> from the development machine: the device's git may be stale.
 # full: the benchmark at every shape, after warming the Triton and inductor caches
@@ -188,6 +188,19 @@ if [[ $what == full ]]; then
     --deadline-s $(( ${BENCH_TIMEOUT:-420} - 40 )) "$@" > "$OUT/bench.log" 2>&1
   tail -8 "$OUT/bench.log"
   (cd "$OUT" && tar czf plots.tgz *.png && rm -f *.png)
+fi
+# peers: ours against rl-triton 0.1.3 and PufferLib, batch-major, truncation flags, A = 6,
+# the median of PEER_ROUNDS interleaved rounds (default 3); needs a checkout of rl-triton's
+# v0.1.3 in .peers/rl-triton (git archive of the tag), carried: carry=[".peers"]. One call
+# holds about half the shapes at 3 rounds: PEER_SHAPES picks them (default: all)
+if [[ $what == peers ]]; then
+  shapes=${PEER_SHAPES:-4096x128,512x128,32768x32,16384x16,256x1024,16384x512,1024x4096,65536x1024,16x131072,1x1000000}
+  timeout ${BENCH_TIMEOUT:-540} python -m rl_triton_core.bench --rl-triton-src .peers/rl-triton \
+    --peers rl_triton,pufferlib --layouts batch --trunc flags --actions 6 \
+    --rounds ${PEER_ROUNDS:-3} --shapes "$shapes" --deadline-s $(( ${BENCH_TIMEOUT:-540} - 60 )) \
+    --no-progress --out "$OUT/peers" "$@" > "$OUT/peers.log" 2>&1
+  tail -5 "$OUT/peers.log"
+  rm -f "$OUT"/peers/*.png
 fi
 if [[ $what == bench || $what == all ]]; then
   timeout ${BENCH_TIMEOUT:-330} python -m rl_triton_core.bench --out "$OUT" "$@" > "$OUT/bench.log" 2>&1
