@@ -92,9 +92,11 @@ def test_masked_gae(where, kind, dtype, skip):
 
 
 @pytest.mark.parametrize("kind", ["right", "multi"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("count_eps,fill", [(1e-8, None), (0.0, 0.0)])
 def test_masked_gae_whitened(where, kind, dtype, count_eps, fill):
+    # bfloat16 data: the advantages are whitened as stored, rounded to bfloat16, against
+    # the float64 reference on the same inputs (bfloat16's tolerance)
     device, backend = where
     for i, (B, T) in enumerate(_shapes(backend)[1:]):
         seed = 1000 * i + 11
