@@ -552,9 +552,14 @@ def bench_impl(timer: Timer, base: dict, impl: str, make, refs, *, check=True) -
     if note:
         rec["note"] = note
     rec.update(res)
-    if rec.get("device_us"):
-        rec["gbps"] = round(base["bytes"] / (rec["device_us"] * 1e-6) / 1e9, 1)
+    _set_gbps(rec)
     return rec
+
+
+def _set_gbps(rec):
+    """GB/s of a row: the bytes the estimator must move over its device time."""
+    if rec.get("device_us") and rec.get("bytes"):
+        rec["gbps"] = round(rec["bytes"] / (rec["device_us"] * 1e-6) / 1e9, 1)
 
 
 # ------------------------------------------------------------------------------ the run
@@ -629,8 +634,7 @@ def merge_rounds(recs: list) -> dict:
         vals = [r[key] for r in recs if r.get(key) is not None]
         rec[key] = _median(vals) if vals else None
         rec[f"{key}_rounds"] = [r.get(key) for r in recs]
-    if rec.get("device_us") and rec.get("bytes"):
-        rec["gbps"] = round(rec["bytes"] / (rec["device_us"] * 1e-6) / 1e9, 1)
+    _set_gbps(rec)
     if rec["ok"] is not None and any(r["ok"] is False for r in recs):
         rec["ok"] = False  # one failed round fails the row, with its note
         rec["note"] = next(r["note"] for r in recs if r["ok"] is False)
