@@ -52,18 +52,28 @@ def key_of(prefix, raw, tune):
         return None
 
 
+_NUMBER = "#"  # a number's mark in a key: equal to no bool (0 == False, 1 == True)
+
+
 def _key_of(prefix, raw, tune):
+    # flat: a tensor adds six entries, led by its shape (a tuple); anything else one
     key = [prefix, tune]
+    add = key.append
     for s in raw:
-        if s is None:
-            key.append(None)
-        elif type(s) is float or type(s) is int:
-            key.append(0)
-        elif type(s) is bool:
-            key.append(s)
-        elif type(s) is torch.Tensor:
-            key.append((s.shape, s.stride(), s.dtype, s.device, s.data_ptr() % 16,
-                        s.requires_grad))
+        kind = type(s)
+        if kind is torch.Tensor:
+            add(s.shape)
+            add(s.stride())
+            add(s.dtype)
+            add(s.device)
+            add(s.data_ptr() & 15)
+            add(s.requires_grad)
+        elif s is None:
+            add(None)
+        elif kind is float or kind is int:
+            add(_NUMBER)
+        elif kind is bool:
+            add(s)
         else:
             return None
     return tuple(key)

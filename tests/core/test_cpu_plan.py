@@ -116,3 +116,17 @@ def test_replay_waits_for_numba_like_the_full_path(plans, monkeypatch):
     monkeypatch.setattr(_cpu_first, "warm", lambda key, args: None)
     rc.gae(r, v, te, done, next_values=nv, time_dim=-2)
     assert plans == [None]
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_a_number_for_a_bool_option_is_not_a_replay(first, plans):
+    """The key marks a number apart from a bool (0 == False and 1 == True in Python): an
+    int ``reverse`` after a recorded bool one still gets the full path's TypeError, not
+    the recorded direction."""
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(2, 8, generator=g), torch.rand(2, 8, generator=g)
+    rc.linear_recurrence(a, b, reverse=first, time_dim=-1)
+    rc.linear_recurrence(a, b, reverse=first, time_dim=-1)
+    assert plans  # the second call replayed
+    with pytest.raises(TypeError, match="reverse"):
+        rc.linear_recurrence(a, b, reverse=int(first), time_dim=-1)
