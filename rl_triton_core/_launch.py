@@ -332,18 +332,19 @@ class Plan:
         return (out0, out1) if self.two_out else out0
 
     def _launch(self, args, device) -> bool:
-        if device.index != torch.cuda.current_device():
+        if device.index != torch._C._cuda_getDevice():
             with torch.cuda.device(device):
                 return self._run(args, device)
         return self._run(args, device)
 
     def _run(self, args, device) -> bool:
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = torch._C._cuda_getCurrentRawStream(device.index)
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         try:
             for kernel, grid, consts in self.kernels:
                 full = (*args, *consts)
-                meta = kernel.launch_metadata(grid, stream, *full)
+                # the launch metadata is for the enter hook only (a profiler's)
+                meta = None if enter is None else kernel.launch_metadata(grid, stream, *full)
                 kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata,
                            meta, enter, leave, *full)
         except TypeError:  # a Triton whose launcher takes other arguments (before launching)

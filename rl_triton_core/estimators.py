@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core import _autograd, _call, _ops
+from rl_triton_core import _autograd, _call, _dispatch, _ops
 from rl_triton_core import _validate as check
-from rl_triton_core._layout import normalize_time_dim
+from rl_triton_core._layout import Layout, normalize_time_dim
 from rl_triton_core._table import TABLE
 
 __all__ = [
@@ -279,8 +279,8 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
                          time_dim, out=None):
     r"""Retrace(lambda) from per-action tensors: the convenience form of :func:`retrace`.
 
-    Builds, with torch ops outside the scan (so any number of actions A runs at
-    memory speed):
+    Builds, before the scan (on CUDA one Triton pass over the per-action tensors, so
+    any number of actions A runs at memory speed; torch ops on the CPU path):
 
     * Q_t = q_values[..., t, a_t] and log rho_t = log target_probs[..., t, a_t] -
       behaviour_log_probs[..., t];
@@ -302,9 +302,11 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         out: optional ``[..., T]`` tensor to write the targets into: as :func:`retrace`'s.
 
     A behaviour probability of 0 gives log rho = +inf: the ratio is clipped at
-    ``c_bar`` (a finite trace). Out-of-range actions raise on CPU; on CUDA they
-    trip torch.gather's device assert. Negative probabilities are not checked
-    (that would synchronise the host).
+    ``c_bar`` (a finite trace). Out-of-range actions raise on CPU; on CUDA they give
+    NaN for that step's Q_t and log rho (no host check: that would synchronise). With
+    float64 data, inputs that require grad, or under torch.compile, the pieces are torch
+    ops on CUDA too (there torch.gather's device assert trips). Negative probabilities
+    are not checked.
 
     Example::
 
@@ -340,15 +342,9 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
     if actions.device.type == "cpu" and actions.numel() and \
             not torch.compiler.is_compiling() and bool(((actions < 0) | (actions >= A)).any()):
         raise ValueError(f"actions must lie in [0, {A}) (the action axis of q_values)")
-    idx = actions.long().unsqueeze(-1)
-    q_taken = q_values.gather(-1, idx).squeeze(-1)
-    # the per-action products and the log ratio in at least float32 (a bfloat16 product or
-    # log rounds at 2^-8, and the recurrence can amplify it); the scan reads them as such
-    wide = _autograd._cdtype(torch.promote_types(q_values.dtype, target_probs.dtype))
-    log_rhos = target_probs.gather(-1, idx).squeeze(-1).to(wide).log() - behaviour_log_probs
+    boot = []
     if next_q_values is None:
         notime = step_shape[:td] + step_shape[td + 1:] + (A,)
-        boot = []
         for name, t in (("bootstrap_q_values", bootstrap_q_values),
                         ("bootstrap_target_probs", bootstrap_target_probs)):
             if t is None:
@@ -356,14 +352,27 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
             check.tensor(name, t)
             check.broadcastable(name, t, notime, "rewards' shape without time, plus (A,)")
             boot.append(t.expand(notime))
-        # E over each step's own state, then shifted by one step: the [.., A] tensors are
-        # read once (shifting them first copied both of them)
-        e_own = (target_probs.to(wide) * q_values.to(wide)).sum(-1)
-        e_boot = (boot[1].to(wide) * boot[0].to(wide)).sum(-1).unsqueeze(td)
-        expected_next_q = (torch.cat([e_own.narrow(td, 1, step_shape[td] - 1), e_boot], td)
-                           if step_shape[td] else e_own)
+    # the per-action products and the log ratio in at least float32 (a bfloat16 product or
+    # log rounds at 2^-8, and the recurrence can amplify it); the scan reads them as such
+    wide = _autograd._cdtype(torch.promote_types(q_values.dtype, target_probs.dtype))
+    if (wide == torch.float32 and behaviour_log_probs.dtype != torch.float64
+            and not torch.compiler.is_compiling()
+            and _dispatch.backend_for(q_values.device) == "triton"
+            and not (torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (
+                    q_values, target_probs, behaviour_log_probs, next_q_values,
+                    next_target_probs, *boot)))):
+        # one Triton pass over the [..., A] tensors (_actions); float32 pieces. Inputs that
+        # require grad take the torch ops, so out= raises as retrace's does
+        from rl_triton_core import _actions
+
+        log_rhos, q_taken, expected_next_q = _actions.pieces(
+            Layout(step_shape, td), q_values, target_probs, actions, behaviour_log_probs,
+            next_q_values, next_target_probs, *(boot or (None, None)), rewards)
     else:
-        expected_next_q = (next_target_probs.to(wide) * next_q_values.to(wide)).sum(-1)
+        log_rhos, q_taken, expected_next_q = _action_pieces(
+            q_values, target_probs, actions, behaviour_log_probs, next_q_values,
+            next_target_probs, boot, td, wide)
     if rewards.dtype not in (torch.float16, torch.bfloat16):
         return retrace(log_rhos, rewards, q_taken, expected_next_q, terminated, truncated,
                        gamma=gamma, lmbda=lmbda, c_bar=c_bar, time_dim=time_dim, out=out)
@@ -372,6 +381,23 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
                   terminated, truncated, gamma=gamma, lmbda=lmbda, c_bar=c_bar,
                   time_dim=time_dim, out=out)
     return res if out is not None else res.to(rewards.dtype)
+
+
+def _action_pieces(q_values, target_probs, actions, behaviour_log_probs, next_q_values,
+                   next_target_probs, boot, td, wide):
+    """retrace_from_actions' (log_rhos, q_taken, expected_next_q) by torch ops (the CPU
+    path, float64, tracing)."""
+    idx = actions.long().unsqueeze(-1)
+    q_taken = q_values.gather(-1, idx).squeeze(-1)
+    log_rhos = target_probs.gather(-1, idx).squeeze(-1).to(wide).log() - behaviour_log_probs
+    if next_q_values is not None:
+        return log_rhos, q_taken, (next_target_probs.to(wide) * next_q_values.to(wide)).sum(-1)
+    # E over each step's own state, then shifted by one step: the [.., A] tensors are
+    # read once (shifting them first copied both of them)
+    T = q_taken.shape[td]
+    e_own = (target_probs.to(wide) * q_values.to(wide)).sum(-1)
+    e_boot = (boot[1].to(wide) * boot[0].to(wide)).sum(-1).unsqueeze(td)
+    return log_rhos, q_taken, torch.cat([e_own.narrow(td, 1, T - 1), e_boot], td) if T else e_own
 
 
 def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim, out=None):

@@ -451,14 +451,16 @@ def test_integer_data_gives_float32(name, int_dtype, impl, gen, seed):
     run_case(name, args, kw, impl=impl, dtype=torch.float32, seed=seed)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("layout", ["batch_major", "time_major"])
 @pytest.mark.parametrize("next_given", [False, True])
-def test_retrace_from_actions_matches_reference(layout, next_given, impl, gen, seed):
+def test_retrace_from_actions_matches_reference(layout, next_given, dtype, impl, gen, seed):
     """The per-action convenience form equals reference.retrace on Q_t = q[a_t],
     log rho_t = log pi(a_t) - log mu(a_t), E_t = sum_a pi(a|s_{t+1}) Q(s_{t+1}, a), with
-    row t+1 as the next state (the last row from bootstrap_*) unless next_* is given."""
+    row t+1 as the next state (the last row from bootstrap_*) unless next_* is given.
+    float32 takes the Triton pass over the actions (_actions) on the Triton backends."""
     B, T, A = 3, 33, 4
-    dtype, dev = torch.float64, impl.device
+    dev = impl.device
     q = randn(gen, (B, T, A), dtype)
     probs = torch.softmax(randn(gen, (B, T, A), dtype), -1)
     actions = torch.randint(0, A, (B, T), generator=gen)
@@ -476,12 +478,14 @@ def test_retrace_from_actions_matches_reference(layout, next_given, impl, gen, s
         kw.update(bootstrap_q_values=bq, bootstrap_target_probs=bprobs)
         nq = torch.cat([q[:, 1:], bq[:, None]], 1)
         nprobs = torch.cat([probs[:, 1:], bprobs[:, None]], 1)
-    # reference inputs, batch-major
+    # reference inputs, batch-major, float64 (of the very values passed)
+    q64, p64, mu64, r64, nq64, np64 = (x.double() for x in (q, probs, log_mu, rewards, nq,
+                                                             nprobs))
     idx = actions[..., None]
-    q_taken = q.gather(-1, idx)[..., 0]
-    log_rhos = probs.gather(-1, idx)[..., 0].log() - log_mu
-    e = ref("expected_next_q_from_actions")(nprobs, nq)
-    expected = ref("retrace")(log_rhos, rewards, q_taken, e, term, trunc, **{
+    q_taken = q64.gather(-1, idx)[..., 0]
+    log_rhos = p64.gather(-1, idx)[..., 0].log() - mu64
+    e = ref("expected_next_q_from_actions")(np64, nq64)
+    expected = ref("retrace")(log_rhos, r64, q_taken, e, term, trunc, **{
         k: kw[k] for k in ("gamma", "lmbda", "c_bar", "time_dim")})
     step_args = [actions, log_mu, rewards, term, trunc]
     act_args = [q, probs]
@@ -497,3 +501,69 @@ def test_retrace_from_actions_matches_reference(layout, next_given, impl, gen, s
     kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     got = lib("retrace_from_actions")(qq, pp, a, lm, r, te, tr, **kw)
     assert_close_to_ref(got, expected, dtype, f"retrace_from_actions [{impl.name}, seed={seed}]")
+
+
+@pytest.mark.parametrize("case", ["batch_major", "time_major", "lead_trail", "strided_actions",
+                                  "next_given", "one_step", "many_actions", "half"])
+def test_action_pieces_kernel_equals_torch_ops(case, impl, gen, seed):
+    """The Triton pass over the actions (_actions.pieces) against the torch ops of the
+    CPU path (_action_pieces), piece by piece, on random layouts: the time axis first,
+    in the middle or last, an action axis that is not contiguous, int32 actions, a
+    broadcast bootstrap row; outputs poisoned by fresh allocation, never zero-filled."""
+    if impl.name == "cpu":
+        pytest.skip("the Triton backends' pass")
+    from rl_triton_core import _actions, estimators
+    from rl_triton_core._layout import Layout
+
+    dev = impl.device
+    A = {"many_actions": 37, "one_step": 3}.get(case, 5)
+    shape, td = {"batch_major": ((4, 40), 1), "time_major": ((40, 4), 0),
+                 "lead_trail": ((2, 17, 3), 1), "one_step": ((6, 1), 1)}.get(case, ((3, 50), 1))
+    dtype = torch.bfloat16 if case == "half" else torch.float32
+    q = randn(gen, (*shape, A), dtype)
+    p = torch.softmax(randn(gen, (*shape, A)), -1).to(dtype)
+    if case == "strided_actions":  # the action axis with a stride of 7 elements
+        q = randn(gen, (*shape, 7 * A), dtype)[..., ::7]
+        p = torch.softmax(randn(gen, (*shape, A)), -1).movedim(-1, 0).contiguous().movedim(0, -1)
+    actions = torch.randint(0, A, shape, generator=gen, dtype=torch.int32)
+    log_mu = torch.log(uniform(gen, shape, 0.05, 1.0))
+    nq = np_ = None
+    notime = shape[:td] + shape[td + 1:] + (A,)
+    boot = [randn(gen, (A,)).expand(notime), torch.softmax(randn(gen, notime), -1)]
+    if case == "next_given":
+        nq, np_ = randn(gen, (*shape, A)), torch.softmax(randn(gen, (*shape, A)), -1)
+        boot = []
+    to = (lambda x: None if x is None else x.to(dev))
+    rewards = randn(gen, shape).to(dev)
+    got = _actions.pieces(Layout(shape, td), to(q), to(p), to(actions), to(log_mu), to(nq),
+                          to(np_), *(to(b) for b in boot or (None, None)), rewards)
+    want = estimators._action_pieces(q, p, actions, log_mu, nq, np_, boot, td, torch.float32)
+    for name, g, w in zip(("log_rhos", "q_taken", "expected_next_q"), got, want):
+        assert g.shape == w.shape and g.dtype == torch.float32, name
+        torch.testing.assert_close(g.cpu(), w.float(), rtol=2e-6, atol=2e-6,
+                                   msg=lambda m, n=name: f"{n} [{case}, seed={seed}]: {m}")
+
+
+def test_action_pieces_out_of_range_action_is_nan(impl, gen):
+    """On the Triton backends an action outside [0, A) gives NaN for its step's Q_t and
+    log rho (no host check on CUDA, no device assert); the other steps are exact."""
+    if impl.name == "cpu":
+        pytest.skip("the Triton backends' pass")
+    from rl_triton_core import _actions
+    from rl_triton_core._layout import Layout
+
+    shape, A = (2, 20), 4
+    q, p = randn(gen, (*shape, A)), torch.softmax(randn(gen, (*shape, A)), -1)
+    actions = torch.randint(0, A, shape, generator=gen)
+    actions[0, 3], actions[1, 7] = A, -1
+    boot = [torch.zeros(2, A), torch.zeros(2, A)]
+    dev = impl.device
+    lr, qt, e = _actions.pieces(Layout(shape, 1), q.to(dev), p.to(dev), actions.to(dev),
+                                torch.zeros(shape, device=dev), None, None,
+                                *(b.to(dev) for b in boot), torch.zeros(shape, device=dev))
+    bad = torch.zeros(shape, dtype=torch.bool)
+    bad[0, 3] = bad[1, 7] = True
+    assert lr.cpu()[bad].isnan().all() and qt.cpu()[bad].isnan().all()
+    ok = actions.clamp(0, A - 1)[..., None]
+    assert torch.equal(qt.cpu()[~bad], q.gather(-1, ok)[..., 0][~bad])
+    assert not e.isnan().any()

@@ -1,0 +1,152 @@
+"""Retrace's per-step inputs from per-action tensors in one Triton pass.
+
+For :func:`rl_triton_core.retrace_from_actions` on the Triton backend: one kernel reads
+Q(s_t, .) and pi(.|s_t) ``[..., T, A]`` once and writes, per step,
+
+    Q_t     = q[t, a_t]
+    log rho = log pi[t, a_t] - log mu(a_t|s_t)
+    E_t     = sum_a pi'[t, a] q'[t, a]
+
+where (q', pi') is (next_q_values, next_target_probs) where given, else row t+1 of
+(q_values, target_probs) and the bootstrap rows at the window's end (each step's own
+expectation stored one step earlier). The scan then runs on these three (as
+:func:`rl_triton_core.retrace`). Torch ops did the same in about ten launches and
+passes over memory.
+
+Every per-step tensor is addressed as [N1, N2, T] (``_layout``), a per-action one with
+its action stride on top. A program takes BLOCK steps of one stream where time is the
+contiguous axis, else one step of BLOCK streams, so its loads are coalesced either way.
+An action outside [0, A) gives NaN for that step's Q_t and log rho (no host check,
+no device assert). Computed in float32 (float64 data takes the torch ops: this
+kernel's log is float32-accurate).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_triton_core._layout import Layout
+
+
+@triton.jit
+def actions_kernel(q_ptr, p_ptr, act_ptr, blp_ptr, nq_ptr, np_ptr, bq_ptr, bp_ptr,
+                   lr_ptr, qt_ptr, e_ptr, N2, T, A, NROWS,
+                   S_Q, S_P, S_ACT, S_BLP, S_NQ, S_NP, S_BQ, S_BP, S_OUT,
+                   HAS_NEXT: tl.constexpr, TIME_FAST: tl.constexpr, BLOCK: tl.constexpr,
+                   BLOCK_A: tl.constexpr):
+    # S_*: (s1, s2, st[, sa]) of each tensor as [N1, N2, T(, A)]; boot: (s1, s2, sa)
+    lane = tl.arange(0, BLOCK)
+    if TIME_FAST:  # one stream, BLOCK consecutive steps
+        row = tl.program_id(0).to(tl.int64) + lane * 0
+        t = tl.program_id(1).to(tl.int64) * BLOCK + lane
+    else:  # one step, BLOCK streams
+        t = tl.program_id(0).to(tl.int64) + lane * 0
+        row = tl.program_id(1).to(tl.int64) * BLOCK + lane
+    ok = (t < T) & (row < NROWS)
+    n1 = row // N2
+    n2 = row - n1 * N2
+
+    a = tl.load(act_ptr + n1 * S_ACT[0] + n2 * S_ACT[1] + t * S_ACT[2], mask=ok, other=0)
+    a = a.to(tl.int64)
+    taken = ok & (a >= 0) & (a < A)
+    q_off = n1 * S_Q[0] + n2 * S_Q[1] + t * S_Q[2]
+    p_off = n1 * S_P[0] + n2 * S_P[1] + t * S_P[2]
+    q_t = tl.load(q_ptr + q_off + a * S_Q[3], mask=taken, other=float("nan")).to(tl.float32)
+    p_t = tl.load(p_ptr + p_off + a * S_P[3], mask=taken, other=float("nan")).to(tl.float32)
+    blp = tl.load(blp_ptr + n1 * S_BLP[0] + n2 * S_BLP[1] + t * S_BLP[2], mask=ok,
+                  other=0.0).to(tl.float32)
+    o_off = n1 * S_OUT[0] + n2 * S_OUT[1] + t * S_OUT[2]
+    tl.store(qt_ptr + o_off, q_t, mask=ok)
+    tl.store(lr_ptr + o_off, tl.log(p_t) - blp, mask=ok)
+
+    # the expectation over actions, BLOCK_A actions at a time
+    if HAS_NEXT:
+        eq_off = n1 * S_NQ[0] + n2 * S_NQ[1] + t * S_NQ[2]
+        ep_off = n1 * S_NP[0] + n2 * S_NP[1] + t * S_NP[2]
+    else:
+        eq_off = q_off
+        ep_off = p_off
+    last = ok & (t == T - 1)
+    e = tl.zeros([BLOCK], dtype=tl.float32)
+    e_boot = tl.zeros([BLOCK], dtype=tl.float32)
+    for a0 in range(0, A, BLOCK_A):
+        ai = (a0 + tl.arange(0, BLOCK_A)).to(tl.int64)
+        m = ok[:, None] & (ai < A)[None, :]
+        if HAS_NEXT:
+            qq = tl.load(nq_ptr + eq_off[:, None] + ai[None, :] * S_NQ[3], mask=m, other=0.0)
+            pp = tl.load(np_ptr + ep_off[:, None] + ai[None, :] * S_NP[3], mask=m, other=0.0)
+        else:
+            qq = tl.load(q_ptr + eq_off[:, None] + ai[None, :] * S_Q[3], mask=m, other=0.0)
+            pp = tl.load(p_ptr + ep_off[:, None] + ai[None, :] * S_P[3], mask=m, other=0.0)
+            mb = last[:, None] & (ai < A)[None, :]
+            b_off = n1 * S_BQ[0] + n2 * S_BQ[1]
+            bq = tl.load(bq_ptr + b_off[:, None] + ai[None, :] * S_BQ[2], mask=mb, other=0.0)
+            b_off = n1 * S_BP[0] + n2 * S_BP[1]
+            bp = tl.load(bp_ptr + b_off[:, None] + ai[None, :] * S_BP[2], mask=mb, other=0.0)
+            e_boot += tl.sum(bp.to(tl.float32) * bq.to(tl.float32), axis=1)
+        e += tl.sum(pp.to(tl.float32) * qq.to(tl.float32), axis=1)
+    if HAS_NEXT:
+        tl.store(e_ptr + o_off, e, mask=ok)
+    else:  # E_{t-1} is this step's own expectation; E_{T-1} the bootstrap rows'
+        tl.store(e_ptr + o_off - S_OUT[2], e, mask=ok & (t > 0))
+        tl.store(e_ptr + o_off, e_boot, mask=last)
+
+
+def _strides3(layout: Layout, t: torch.Tensor, action_axis: bool):
+    """(tensor, (s1, s2, st[, sa])): ``t`` addressed as [N1, N2, T(, A)] (a contiguous
+    copy where its axes cannot be merged so)."""
+    step = t.select(-1, 0) if action_axis else t
+    if not layout.mergeable(step):
+        t = t.contiguous()
+        step = t.select(-1, 0) if action_axis else t
+    _, s1, s2, st = layout.view3(step)
+    return t, (s1, s2, st, t.stride(-1)) if action_axis else (s1, s2, st)
+
+
+def pieces(layout: Layout, q_values, target_probs, actions, behaviour_log_probs,
+           next_q_values, next_target_probs, boot_q, boot_p, like: torch.Tensor):
+    """(log_rhos, q_taken, expected_next_q), float32, shaped and strided as ``like``
+    (the rewards, when they are dense) -- see the module docstring. ``boot_q`` /
+    ``boot_p``: ``[*shape without time, A]`` (expanded), used without ``next_*``."""
+    A = q_values.shape[-1]
+    lr = torch.empty_like(like, dtype=torch.float32)
+    if not layout.mergeable(lr):
+        lr = torch.empty(layout.shape, dtype=torch.float32, device=like.device)
+    qt, e = torch.empty_like(lr), torch.empty_like(lr)
+    N, T = layout.N, layout.T
+    if N == 0 or T == 0:
+        return lr, qt, e
+    q, s_q = _strides3(layout, q_values, True)
+    p, s_p = _strides3(layout, target_probs, True)
+    act, s_act = _strides3(layout, actions, False)
+    blp, s_blp = _strides3(layout, behaviour_log_probs, False)
+    _, *s_out = layout.view3(lr)
+    has_next = next_q_values is not None
+    if has_next:
+        nq, s_nq = _strides3(layout, next_q_values, True)
+        np_, s_np = _strides3(layout, next_target_probs, True)
+        bq = bp = None
+        s_bq = s_bp = (0, 0, 0)
+    else:
+        nq = np_ = None
+        s_nq = s_np = (0, 0, 0, 0)
+        (bq, s_bq), (bp, s_bp) = (_notime(layout, b) for b in (boot_q, boot_p))
+    # fixed tiles (masked at the edges): few compiled variants
+    time_fast = s_out[2] == 1 or T == 1
+    block = 256 if time_fast else 128
+    grid = (N, triton.cdiv(T, block)) if time_fast else (T, triton.cdiv(N, block))
+    actions_kernel[grid](q, p, act, blp, nq, np_, bq, bp, lr, qt, e, layout.N2, T, A, N,
+                         s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp, tuple(s_out),
+                         HAS_NEXT=has_next, TIME_FAST=time_fast, BLOCK=block,
+                         BLOCK_A=8, num_warps=4)
+    return lr, qt, e
+
+
+def _notime(layout: Layout, t: torch.Tensor):
+    """(tensor, (s1, s2, sa)) of bootstrap rows ``[*shape without time, A]``: contiguous
+    (a broadcast one is copied; it has no time axis, so it is small)."""
+    t = t.contiguous()
+    A = t.shape[-1]
+    return t, (layout.N2 * A, A, 1)
