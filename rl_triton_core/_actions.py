@@ -14,8 +14,9 @@ expectation stored one step earlier). The scan then runs on these three (as
 passes over memory.
 
 Every per-step tensor is addressed as [N1, N2, T] (``_layout``), a per-action one with
-its action stride on top. A program takes BLOCK steps of one stream where time is the
-contiguous axis, else one step of BLOCK streams, so its loads are coalesced either way.
+its action stride on top. A program takes a tile of BLOCK steps, as long as it can be
+along the contiguous axis (time in batch-major data, streams in time-major data), so
+its loads are coalesced either way and short sequences still fill it.
 An action outside [0, A) gives NaN for that step's Q_t and log rho (no host check,
 no device assert). Computed in float32 (float64 data takes the torch ops: this
 kernel's log is float32-accurate).
@@ -35,15 +36,19 @@ def actions_kernel(q_ptr, p_ptr, act_ptr, blp_ptr, nq_ptr, np_ptr, bq_ptr, bp_pt
                    lr_ptr, qt_ptr, e_ptr, N2, T, A, NROWS,
                    S_Q, S_P, S_ACT, S_BLP, S_NQ, S_NP, S_BQ, S_BP, S_OUT,
                    HAS_NEXT: tl.constexpr, TIME_FAST: tl.constexpr, BLOCK: tl.constexpr,
-                   BLOCK_A: tl.constexpr):
-    # S_*: (s1, s2, st[, sa]) of each tensor as [N1, N2, T(, A)]; boot: (s1, s2, sa)
+                   INNER: tl.constexpr, BLOCK_A: tl.constexpr):
+    # S_*: (s1, s2, st[, sa]) of each tensor as [N1, N2, T(, A)]; boot: (s1, s2, sa).
+    # A tile of BLOCK steps: INNER along the contiguous axis (time or streams) times
+    # BLOCK // INNER along the other; grid axis 1 walks the contiguous axis
     lane = tl.arange(0, BLOCK)
-    if TIME_FAST:  # one stream, BLOCK consecutive steps
-        row = tl.program_id(0).to(tl.int64) + lane * 0
-        t = tl.program_id(1).to(tl.int64) * BLOCK + lane
-    else:  # one step, BLOCK streams
-        t = tl.program_id(0).to(tl.int64) + lane * 0
-        row = tl.program_id(1).to(tl.int64) * BLOCK + lane
+    fast = (tl.program_id(1) * INNER + lane % INNER).to(tl.int64)
+    slow = (tl.program_id(0) * (BLOCK // INNER) + lane // INNER).to(tl.int64)
+    if TIME_FAST:
+        t, row = fast, slow
+        t_pid, t_programs = tl.program_id(1), tl.num_programs(1)
+    else:
+        t, row = slow, fast
+        t_pid, t_programs = tl.program_id(0), tl.num_programs(0)
     ok = (t < T) & (row < NROWS)
     n1 = row // N2
     n2 = row - n1 * N2
@@ -68,9 +73,7 @@ def actions_kernel(q_ptr, p_ptr, act_ptr, blp_ptr, nq_ptr, np_ptr, bq_ptr, bp_pt
     else:
         eq_off = q_off
         ep_off = p_off
-    last = ok & (t == T - 1)
     e = tl.zeros([BLOCK], dtype=tl.float32)
-    e_boot = tl.zeros([BLOCK], dtype=tl.float32)
     for a0 in range(0, A, BLOCK_A):
         ai = (a0 + tl.arange(0, BLOCK_A)).to(tl.int64)
         m = ok[:, None] & (ai < A)[None, :]
@@ -80,18 +83,28 @@ def actions_kernel(q_ptr, p_ptr, act_ptr, blp_ptr, nq_ptr, np_ptr, bq_ptr, bp_pt
         else:
             qq = tl.load(q_ptr + eq_off[:, None] + ai[None, :] * S_Q[3], mask=m, other=0.0)
             pp = tl.load(p_ptr + ep_off[:, None] + ai[None, :] * S_P[3], mask=m, other=0.0)
-            mb = last[:, None] & (ai < A)[None, :]
-            b_off = n1 * S_BQ[0] + n2 * S_BQ[1]
-            bq = tl.load(bq_ptr + b_off[:, None] + ai[None, :] * S_BQ[2], mask=mb, other=0.0)
-            b_off = n1 * S_BP[0] + n2 * S_BP[1]
-            bp = tl.load(bp_ptr + b_off[:, None] + ai[None, :] * S_BP[2], mask=mb, other=0.0)
-            e_boot += tl.sum(bp.to(tl.float32) * bq.to(tl.float32), axis=1)
         e += tl.sum(pp.to(tl.float32) * qq.to(tl.float32), axis=1)
     if HAS_NEXT:
         tl.store(e_ptr + o_off, e, mask=ok)
     else:  # E_{t-1} is this step's own expectation; E_{T-1} the bootstrap rows'
         tl.store(e_ptr + o_off - S_OUT[2], e, mask=ok & (t > 0))
-        tl.store(e_ptr + o_off, e_boot, mask=last)
+        if t_pid == t_programs - 1:  # the tiles that hold the window's last step
+            last = ok & (t == T - 1)
+            bq_off = n1 * S_BQ[0] + n2 * S_BQ[1]
+            bp_off = n1 * S_BP[0] + n2 * S_BP[1]
+            e_boot = tl.zeros([BLOCK], dtype=tl.float32)
+            for a0 in range(0, A, BLOCK_A):
+                ai = (a0 + tl.arange(0, BLOCK_A)).to(tl.int64)
+                mb = last[:, None] & (ai < A)[None, :]
+                bq = tl.load(bq_ptr + bq_off[:, None] + ai[None, :] * S_BQ[2], mask=mb,
+                             other=0.0)
+                bp = tl.load(bp_ptr + bp_off[:, None] + ai[None, :] * S_BP[2], mask=mb,
+                             other=0.0)
+                e_boot += tl.sum(bp.to(tl.float32) * bq.to(tl.float32), axis=1)
+            tl.store(e_ptr + o_off, e_boot, mask=last)
+
+
+BLOCK = 128  # steps per program
 
 
 def _strides3(layout: Layout, t: torch.Tensor, action_axis: bool):
@@ -108,8 +121,9 @@ def _strides3(layout: Layout, t: torch.Tensor, action_axis: bool):
 def pieces(layout: Layout, q_values, target_probs, actions, behaviour_log_probs,
            next_q_values, next_target_probs, boot_q, boot_p, like: torch.Tensor):
     """(log_rhos, q_taken, expected_next_q), float32, shaped and strided as ``like``
-    (the rewards, when they are dense) -- see the module docstring. ``boot_q`` /
-    ``boot_p``: ``[*shape without time, A]`` (expanded), used without ``next_*``."""
+    (the rewards, when they are dense) -- see the module docstring; None where the
+    grid would exceed CUDA's limits (the torch ops then). ``boot_q`` / ``boot_p``:
+    ``[*shape without time, A]`` (expanded), used without ``next_*``."""
     A = q_values.shape[-1]
     lr = torch.empty_like(like, dtype=torch.float32)
     if not layout.mergeable(lr):
@@ -133,13 +147,16 @@ def pieces(layout: Layout, q_values, target_probs, actions, behaviour_log_probs,
         nq = np_ = None
         s_nq = s_np = (0, 0, 0, 0)
         (bq, s_bq), (bp, s_bp) = (_notime(layout, b) for b in (boot_q, boot_p))
-    # fixed tiles (masked at the edges): few compiled variants
+    # a tile of BLOCK steps, as long along the contiguous axis as that axis allows
     time_fast = s_out[2] == 1 or T == 1
-    block = 256 if time_fast else 128
-    grid = (N, triton.cdiv(T, block)) if time_fast else (T, triton.cdiv(N, block))
+    fast, slow = (T, N) if time_fast else (N, T)
+    inner = max(1, min(BLOCK, triton.next_power_of_2(fast)))
+    grid = (triton.cdiv(slow, BLOCK // inner), triton.cdiv(fast, inner))
+    if grid[1] > 65535:  # CUDA's limit on grid axis 1 (beyond 8M steps on the fast axis)
+        return None
     actions_kernel[grid](q, p, act, blp, nq, np_, bq, bp, lr, qt, e, layout.N2, T, A, N,
                          s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp, tuple(s_out),
-                         HAS_NEXT=has_next, TIME_FAST=time_fast, BLOCK=block,
+                         HAS_NEXT=has_next, TIME_FAST=time_fast, BLOCK=BLOCK, INNER=inner,
                          BLOCK_A=8, num_warps=4)
     return lr, qt, e
 

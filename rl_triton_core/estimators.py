@@ -366,9 +366,13 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         # require grad take the torch ops, so out= raises as retrace's does
         from rl_triton_core import _actions
 
-        log_rhos, q_taken, expected_next_q = _actions.pieces(
+        pieces = _actions.pieces(
             Layout(step_shape, td), q_values, target_probs, actions, behaviour_log_probs,
             next_q_values, next_target_probs, *(boot or (None, None)), rewards)
+    else:
+        pieces = None
+    if pieces is not None:
+        log_rhos, q_taken, expected_next_q = pieces
     else:
         log_rhos, q_taken, expected_next_q = _action_pieces(
             q_values, target_probs, actions, behaviour_log_probs, next_q_values,

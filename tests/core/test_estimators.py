@@ -504,7 +504,7 @@ def test_retrace_from_actions_matches_reference(layout, next_given, dtype, impl,
 
 
 @pytest.mark.parametrize("case", ["batch_major", "time_major", "lead_trail", "strided_actions",
-                                  "next_given", "one_step", "many_actions", "half"])
+                                  "next_given", "one_step", "many_actions", "half", "long"])
 def test_action_pieces_kernel_equals_torch_ops(case, impl, gen, seed):
     """The Triton pass over the actions (_actions.pieces) against the torch ops of the
     CPU path (_action_pieces), piece by piece, on random layouts: the time axis first,
@@ -518,7 +518,8 @@ def test_action_pieces_kernel_equals_torch_ops(case, impl, gen, seed):
     dev = impl.device
     A = {"many_actions": 37, "one_step": 3}.get(case, 5)
     shape, td = {"batch_major": ((4, 40), 1), "time_major": ((40, 4), 0),
-                 "lead_trail": ((2, 17, 3), 1), "one_step": ((6, 1), 1)}.get(case, ((3, 50), 1))
+                 "lead_trail": ((2, 17, 3), 1), "one_step": ((6, 1), 1),
+                 "long": ((2, 300), 1)}.get(case, ((3, 50), 1))
     dtype = torch.bfloat16 if case == "half" else torch.float32
     q = randn(gen, (*shape, A), dtype)
     p = torch.softmax(randn(gen, (*shape, A)), -1).to(dtype)
