@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rl_triton_core import _launch
 from rl_triton_core._layout import Layout
 
 
@@ -35,8 +36,8 @@ from rl_triton_core._layout import Layout
 def actions_kernel(q_ptr, p_ptr, act_ptr, blp_ptr, nq_ptr, np_ptr, bq_ptr, bp_ptr,
                    lr_ptr, qt_ptr, e_ptr, N2, T, A, NROWS,
                    S_Q, S_P, S_ACT, S_BLP, S_NQ, S_NP, S_BQ, S_BP, S_OUT,
-                   HAS_NEXT: tl.constexpr, TIME_FAST: tl.constexpr, BLOCK: tl.constexpr,
-                   INNER: tl.constexpr, BLOCK_A: tl.constexpr):
+                   HAS_NEXT: tl.constexpr, HAS_BOOT: tl.constexpr, TIME_FAST: tl.constexpr,
+                   BLOCK: tl.constexpr, INNER: tl.constexpr, BLOCK_A: tl.constexpr):
     # S_*: (s1, s2, st[, sa]) of each tensor as [N1, N2, T(, A)]; boot: (s1, s2, sa).
     # A tile of BLOCK steps: INNER along the contiguous axis (time or streams) times
     # BLOCK // INNER along the other; grid axis 1 walks the contiguous axis
@@ -92,19 +93,21 @@ def actions_kernel(q_ptr, p_ptr, act_ptr, blp_ptr, nq_ptr, np_ptr, bq_ptr, bp_pt
             last = ok & (t == T - 1)
             bq_off = n1 * S_BQ[0] + n2 * S_BQ[1]
             bp_off = n1 * S_BP[0] + n2 * S_BP[1]
-            e_boot = tl.zeros([BLOCK], dtype=tl.float32)
-            for a0 in range(0, A, BLOCK_A):
-                ai = (a0 + tl.arange(0, BLOCK_A)).to(tl.int64)
-                mb = last[:, None] & (ai < A)[None, :]
-                bq = tl.load(bq_ptr + bq_off[:, None] + ai[None, :] * S_BQ[2], mask=mb,
-                             other=0.0)
-                bp = tl.load(bp_ptr + bp_off[:, None] + ai[None, :] * S_BP[2], mask=mb,
-                             other=0.0)
-                e_boot += tl.sum(bp.to(tl.float32) * bq.to(tl.float32), axis=1)
+            e_boot = tl.zeros([BLOCK], dtype=tl.float32)  # no bootstrap rows: 0
+            if HAS_BOOT:
+                for a0 in range(0, A, BLOCK_A):
+                    ai = (a0 + tl.arange(0, BLOCK_A)).to(tl.int64)
+                    mb = last[:, None] & (ai < A)[None, :]
+                    bq = tl.load(bq_ptr + bq_off[:, None] + ai[None, :] * S_BQ[2], mask=mb,
+                                 other=0.0)
+                    bp = tl.load(bp_ptr + bp_off[:, None] + ai[None, :] * S_BP[2], mask=mb,
+                                 other=0.0)
+                    e_boot += tl.sum(bp.to(tl.float32) * bq.to(tl.float32), axis=1)
             tl.store(e_ptr + o_off, e_boot, mask=last)
 
 
 BLOCK = 128  # steps per program
+NUM_WARPS = 4
 
 
 def _strides3(layout: Layout, t: torch.Tensor, action_axis: bool):
@@ -118,15 +121,26 @@ def _strides3(layout: Layout, t: torch.Tensor, action_axis: bool):
     return t, (s1, s2, st, t.stride(-1)) if action_axis else (s1, s2, st)
 
 
-def pieces(layout: Layout, q_values, target_probs, actions, behaviour_log_probs,
-           next_q_values, next_target_probs, boot_q, boot_p, like: torch.Tensor):
+# the arguments of a call, as pieces() and the cached call take them
+RAW = ("q_values", "target_probs", "actions", "behaviour_log_probs", "next_q_values",
+       "next_target_probs", "bootstrap_q_values", "bootstrap_target_probs", "like")
+_OUT_POS = (8, 9, 10)  # the kernel's lr, qt, e arguments
+_PLANS: dict = {}
+_MAX_PLANS = 256
+
+
+def pieces(layout: Layout, raw: tuple, record=None):
     """(log_rhos, q_taken, expected_next_q), float32, shaped and strided as ``like``
     (the rewards, when they are dense) -- see the module docstring; None where the
-    grid would exceed CUDA's limits (the torch ops then). ``boot_q`` / ``boot_p``:
-    ``[*shape without time, A]`` (expanded), used without ``next_*``."""
+    grid would exceed CUDA's limits (the torch ops then). ``raw``: the tensors named by
+    ``RAW``; a bootstrap pair of None means rows of 0 (they are used without ``next_*``;
+    given, they broadcast to ``[*shape without time, A]``). ``record``: the key under
+    which to keep this launch for :func:`cached`."""
+    q_values, target_probs, actions, blp_in, next_q, next_p, boot_q, boot_p, like = raw
     A = q_values.shape[-1]
     lr = torch.empty_like(like, dtype=torch.float32)
-    if not layout.mergeable(lr):
+    like_ok = layout.mergeable(lr)
+    if not like_ok:
         lr = torch.empty(layout.shape, dtype=torch.float32, device=like.device)
     qt, e = torch.empty_like(lr), torch.empty_like(lr)
     N, T = layout.N, layout.T
@@ -135,18 +149,19 @@ def pieces(layout: Layout, q_values, target_probs, actions, behaviour_log_probs,
     q, s_q = _strides3(layout, q_values, True)
     p, s_p = _strides3(layout, target_probs, True)
     act, s_act = _strides3(layout, actions, False)
-    blp, s_blp = _strides3(layout, behaviour_log_probs, False)
+    blp, s_blp = _strides3(layout, blp_in, False)
     _, *s_out = layout.view3(lr)
-    has_next = next_q_values is not None
+    has_next = next_q is not None
+    has_boot = not has_next and boot_q is not None
+    nq = np_ = bq = bp = None
+    s_nq = s_np = (0, 0, 0, 0)
+    s_bq = s_bp = (0, 0, 0)
     if has_next:
-        nq, s_nq = _strides3(layout, next_q_values, True)
-        np_, s_np = _strides3(layout, next_target_probs, True)
-        bq = bp = None
-        s_bq = s_bp = (0, 0, 0)
-    else:
-        nq = np_ = None
-        s_nq = s_np = (0, 0, 0, 0)
-        (bq, s_bq), (bp, s_bp) = (_notime(layout, b) for b in (boot_q, boot_p))
+        nq, s_nq = _strides3(layout, next_q, True)
+        np_, s_np = _strides3(layout, next_p, True)
+    elif has_boot:
+        notime = layout.lead + layout.trail + (A,)
+        (bq, s_bq), (bp, s_bp) = (_notime(layout, b.expand(notime)) for b in (boot_q, boot_p))
     # a tile of BLOCK steps, as long along the contiguous axis as that axis allows
     time_fast = s_out[2] == 1 or T == 1
     fast, slow = (T, N) if time_fast else (N, T)
@@ -154,11 +169,84 @@ def pieces(layout: Layout, q_values, target_probs, actions, behaviour_log_probs,
     grid = (triton.cdiv(slow, BLOCK // inner), triton.cdiv(fast, inner))
     if grid[1] > 65535:  # CUDA's limit on grid axis 1 (beyond 8M steps on the fast axis)
         return None
-    actions_kernel[grid](q, p, act, blp, nq, np_, bq, bp, lr, qt, e, layout.N2, T, A, N,
-                         s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp, tuple(s_out),
-                         HAS_NEXT=has_next, TIME_FAST=time_fast, BLOCK=BLOCK, INNER=inner,
-                         BLOCK_A=8, num_warps=4)
+    args = [q, p, act, blp, nq, np_, bq, bp, lr, qt, e, layout.N2, T, A, N, s_q, s_p, s_act,
+            s_blp, s_nq, s_np, s_bq, s_bp, tuple(s_out)]
+    consts = dict(HAS_NEXT=has_next, HAS_BOOT=has_boot, TIME_FAST=time_fast, BLOCK=BLOCK,
+                  INNER=inner, BLOCK_A=8)
+    kernel = actions_kernel[grid](*args, **consts, num_warps=NUM_WARPS)
+    if record is not None:
+        _record(record, raw, args, kernel, grid, consts, like_ok, layout.shape)
     return lr, qt, e
+
+
+def cached(key, raw: tuple):
+    """The pieces of a repeated call (same shapes, strides, dtypes and devices as a
+    recorded one): no checks, no layout work, the compiled kernel's own launcher. None
+    where there is no plan for ``key``."""
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:
+        return None
+    return None if plan is None else plan(raw)
+
+
+class _Plan:
+    __slots__ = ("template", "tensor_pos", "kernels", "like", "shape", "device")
+
+    def __call__(self, raw):
+        if self.like:
+            lr = torch.empty_like(raw[8], dtype=torch.float32)
+        else:
+            lr = torch.empty(self.shape, dtype=torch.float32, device=self.device)
+        qt, e = torch.empty_like(lr), torch.empty_like(lr)
+        args = list(self.template)
+        args[8], args[9], args[10] = lr, qt, e
+        for pos, idx in self.tensor_pos:
+            args[pos] = raw[idx]
+        if self.device.type == "cuda":
+            if self.device.index != torch._C._cuda_getDevice():
+                with torch.cuda.device(self.device):
+                    ok = _launch.run_compiled(self.kernels, args, self.device)
+            else:
+                ok = _launch.run_compiled(self.kernels, args, self.device)
+            if not ok:
+                _PLANS.clear()
+                return None
+        else:  # the interpreter (tests): Triton's own launch of the same arguments
+            (_, grid, consts), = self.kernels
+            names = actions_kernel.arg_names[len(args):]
+            actions_kernel[grid](*args, **dict(zip(names, consts)), num_warps=NUM_WARPS)
+        return lr, qt, e
+
+
+def _record(key, raw, args, kernel, grid, consts, like_ok, shape):
+    """Keep a launch whose tensors are all the caller's (none copied) for :func:`cached`."""
+    p = _Plan()
+    p.tensor_pos = []
+    for pos, idx in ((0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7)):
+        given, user = args[pos], raw[idx]
+        if (given is None) != (user is None):
+            if given is None and pos in (6, 7):  # bootstrap rows unused beside next_*
+                continue
+            return
+        if given is not None:
+            if given.data_ptr() != user.data_ptr() or given.shape != user.shape:
+                return  # a copy (or a broadcast bootstrap row made contiguous)
+            p.tensor_pos.append((pos, idx))
+    template = list(args)
+    for pos, _ in p.tensor_pos:
+        template[pos] = None
+    template[8] = template[9] = template[10] = None
+    p.template = tuple(template)
+    names = actions_kernel.arg_names[len(args):]
+    p.kernels = [(kernel, grid, [consts[n] for n in names])]
+    p.like, p.shape, p.device = like_ok, shape, raw[0].device
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    try:
+        _PLANS[key] = p
+    except TypeError:
+        pass
 
 
 def _notime(layout: Layout, t: torch.Tensor):

@@ -58,7 +58,7 @@ _NOT_A_SLOT = object()  # a malformed out= argument: no key, the full path says 
 def forward(spec: Estimator, raw: tuple, time_dim, out_arg=None):
     """Run the estimator without autograd: the cached launch where there is one, else
     validation and the full path (recording a plan for the next call)."""
-    key, hit = _dispatch.cached((spec.name, time_dim), raw)
+    key, hit = _dispatch.cached((spec.name, type(time_dim), time_dim), raw)
     if hit is not None:
         return hit
     call = prepare(spec, raw, time_dim, out_arg)

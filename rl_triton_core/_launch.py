@@ -332,25 +332,40 @@ class Plan:
         return (out0, out1) if self.two_out else out0
 
     def _launch(self, args, device) -> bool:
+        if device.type != "cuda":  # the interpreter (the tests' cpu_plans): Triton's launch
+            names = scan_kernel.arg_names[len(args):]
+            for _, grid, consts in self.kernels:
+                scan_kernel[grid](*args, **dict(zip(names, consts)))
+            return True
         if device.index != torch._C._cuda_getDevice():
             with torch.cuda.device(device):
                 return self._run(args, device)
         return self._run(args, device)
 
     def _run(self, args, device) -> bool:
-        stream = torch._C._cuda_getCurrentRawStream(device.index)
-        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        try:
-            for kernel, grid, consts in self.kernels:
-                full = (*args, *consts)
-                # the launch metadata is for the enter hook only (a profiler's)
-                meta = None if enter is None else kernel.launch_metadata(grid, stream, *full)
-                kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata,
-                           meta, enter, leave, *full)
-        except TypeError:  # a Triton whose launcher takes other arguments (before launching)
+        if not run_compiled(self.kernels, args, device):
             self.broken = True
             return False
         return True
+
+
+def run_compiled(kernels, args, device) -> bool:
+    """Launch compiled kernels ``[(kernel, grid, constexpr values)]`` with these
+    positional arguments on the current stream of ``device`` (the current device),
+    through the compiled kernels' own launcher, without Triton's argument binding.
+    False: this Triton's launcher takes other arguments (nothing was launched)."""
+    stream = torch._C._cuda_getCurrentRawStream(device.index)
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    try:
+        for kernel, grid, consts in kernels:
+            full = (*args, *consts)
+            # the launch metadata is for the enter hook only (a profiler's)
+            meta = None if enter is None else kernel.launch_metadata(grid, stream, *full)
+            kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata,
+                       meta, enter, leave, *full)
+    except TypeError:  # a Triton whose launcher takes other arguments (before launching)
+        return False
+    return True
 
 
 def record(raw, index, launched_call, out0, out1, like_idx, dtype, shape, user_out, out_idx):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core import _autograd, _call, _dispatch, _ops
+from rl_triton_core import _autograd, _call, _config, _dispatch, _ops
 from rl_triton_core import _validate as check
 from rl_triton_core._layout import Layout, normalize_time_dim
 from rl_triton_core._table import TABLE
@@ -317,6 +317,18 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         >>> retrace_from_actions(q, p, a, logmu, torch.ones(3), term, gamma=0.5, time_dim=-1)
         tensor([1.7500, 1.5000, 1.0000])
     """
+    raw = (q_values, target_probs, actions, behaviour_log_probs, next_q_values,
+           next_target_probs, bootstrap_q_values, bootstrap_target_probs, rewards)
+    key = _actions_key(raw, time_dim)
+    if key is not None:
+        from rl_triton_core import _actions
+
+        pieces = _actions.cached(key, raw)
+        if pieces is not None:  # a repeated call: its checks passed when it was recorded
+            if actions.device.type == "cpu":  # (the tests' CPU plans) checked by value
+                _check_actions(actions, q_values.shape[-1])
+            return _retrace_of(pieces, rewards, terminated, truncated, gamma, lmbda, c_bar,
+                               time_dim, out, torch.float32)
     q_values = check.tensor("q_values", q_values)
     target_probs = check.tensor("target_probs", target_probs)
     actions = check.tensor("actions", actions)
@@ -339,9 +351,8 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
     if (next_q_values is None) != (next_target_probs is None):
         raise ValueError("pass next_q_values and next_target_probs together, or neither")
     td = normalize_time_dim(time_dim, rewards.dim())
-    if actions.device.type == "cpu" and actions.numel() and \
-            not torch.compiler.is_compiling() and bool(((actions < 0) | (actions >= A)).any()):
-        raise ValueError(f"actions must lie in [0, {A}) (the action axis of q_values)")
+    if actions.device.type == "cpu" and not torch.compiler.is_compiling():
+        _check_actions(actions, A)
     boot = []
     if next_q_values is None:
         notime = step_shape[:td] + step_shape[td + 1:] + (A,)
@@ -366,17 +377,44 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         # require grad take the torch ops, so out= raises as retrace's does
         from rl_triton_core import _actions
 
-        pieces = _actions.pieces(
-            Layout(step_shape, td), q_values, target_probs, actions, behaviour_log_probs,
-            next_q_values, next_target_probs, *(boot or (None, None)), rewards)
+        pieces = _actions.pieces(Layout(step_shape, td), (
+            q_values, target_probs, actions, behaviour_log_probs, next_q_values,
+            next_target_probs, bootstrap_q_values, bootstrap_target_probs, rewards), key)
     else:
         pieces = None
-    if pieces is not None:
-        log_rhos, q_taken, expected_next_q = pieces
-    else:
-        log_rhos, q_taken, expected_next_q = _action_pieces(
-            q_values, target_probs, actions, behaviour_log_probs, next_q_values,
-            next_target_probs, boot, td, wide)
+    if pieces is None:
+        pieces = _action_pieces(q_values, target_probs, actions, behaviour_log_probs,
+                                next_q_values, next_target_probs, boot, td, wide)
+    return _retrace_of(pieces, rewards, terminated, truncated, gamma, lmbda, c_bar, time_dim,
+                       out, wide)
+
+
+def _check_actions(actions, A):
+    """CPU actions must lie in [0, A) (read by value: on CUDA that would synchronise)."""
+    if actions.numel() and bool(((actions < 0) | (actions >= A)).any()):
+        raise ValueError(f"actions must lie in [0, {A}) (the action axis of q_values)")
+
+
+def _actions_key(raw, time_dim):
+    """The cached-call key of a retrace_from_actions call (None: the full path only):
+    on the Triton backend (CUDA; CPU tensors under the interpreter only with the tests'
+    ``cpu_plans``), not while tracing, and not where an input needs autograd."""
+    tune = _config._current
+    q = raw[0]
+    if (not tune.cached_launch or type(q) is not torch.Tensor
+            or not (q.is_cuda or tune.cpu_plans) or torch.compiler.is_compiling()
+            or _dispatch.backend_for(q.device) != "triton"):
+        return None
+    if torch.is_grad_enabled() and any(
+            type(t) is torch.Tensor and t.requires_grad for t in raw[:8]):
+        return None
+    return _dispatch.key_of(("retrace_from_actions", type(time_dim), time_dim), raw, tune)
+
+
+def _retrace_of(pieces, rewards, terminated, truncated, gamma, lmbda, c_bar, time_dim, out,
+                wide):
+    """retrace_from_actions' scan on its pieces (log_rhos, q_taken, expected_next_q)."""
+    log_rhos, q_taken, expected_next_q = pieces
     if rewards.dtype not in (torch.float16, torch.bfloat16):
         return retrace(log_rhos, rewards, q_taken, expected_next_q, terminated, truncated,
                        gamma=gamma, lmbda=lmbda, c_bar=c_bar, time_dim=time_dim, out=out)

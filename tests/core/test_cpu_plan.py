@@ -130,3 +130,14 @@ def test_a_number_for_a_bool_option_is_not_a_replay(first, plans):
     assert plans  # the second call replayed
     with pytest.raises(TypeError, match="reverse"):
         rc.linear_recurrence(a, b, reverse=int(first), time_dim=-1)
+
+
+def test_a_bool_time_dim_is_not_a_replay(plans):
+    """time_dim=True after time_dim=1 (True == 1 in Python) still raises the TypeError."""
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(2, 8, generator=g), torch.rand(2, 8, generator=g)
+    rc.linear_recurrence(a, b, time_dim=1)
+    rc.linear_recurrence(a, b, time_dim=1)
+    assert plans
+    with pytest.raises(TypeError, match="time_dim"):
+        rc.linear_recurrence(a, b, time_dim=True)
