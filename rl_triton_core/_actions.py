@@ -34,99 +34,80 @@ from rl_triton_core._layout import Layout
 
 @triton.jit
 def actions_kernel(q_ptr, p_ptr, act_ptr, blp_ptr, nq_ptr, np_ptr, bq_ptr, bp_ptr,
-                   lr_ptr, qt_ptr, e_ptr, N2, T, A, NROWS, MAIN0,
+                   lr_ptr, qt_ptr, e_ptr, N2, T, A, NROWS,
                    S_Q, S_P, S_ACT, S_BLP, S_NQ, S_NP, S_BQ, S_BP, S_OUT,
                    HAS_NEXT: tl.constexpr, HAS_BOOT: tl.constexpr, TIME_FAST: tl.constexpr,
                    BLOCK: tl.constexpr, INNER: tl.constexpr, BLOCK_A: tl.constexpr):
     # S_*: (s1, s2, st[, sa]) of each tensor as [N1, N2, T(, A)]; boot: (s1, s2, sa).
-    # Programs below MAIN0 on grid axis 0 take a tile of BLOCK steps: INNER along the
-    # contiguous axis (time or streams) times BLOCK // INNER along the other, grid axis 1
-    # walking the contiguous axis. The programs from MAIN0 on (without next_*) write
-    # E_{T-1} of BLOCK streams each from the bootstrap rows, so the tiles hold no
-    # bootstrap loads (registers: occupancy)
+    # A tile of BLOCK steps: INNER along the contiguous axis (time or streams) times
+    # BLOCK // INNER along the other; grid axis 1 walks the contiguous axis
     lane = tl.arange(0, BLOCK)
-    pid0 = tl.program_id(0)
-    if pid0 >= MAIN0:
-        row = ((pid0 - MAIN0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * BLOCK \
-            + lane
-        last = row < NROWS
-        n1 = row // N2
-        n2 = row - n1 * N2
-        e_boot = tl.zeros([BLOCK], dtype=tl.float32)  # no bootstrap rows: 0
-        if HAS_BOOT:
+    fast = (tl.program_id(1) * INNER + lane % INNER).to(tl.int64)
+    slow = (tl.program_id(0) * (BLOCK // INNER) + lane // INNER).to(tl.int64)
+    if TIME_FAST:
+        t, row = fast, slow
+        t_pid, t_programs = tl.program_id(1), tl.num_programs(1)
+    else:
+        t, row = slow, fast
+        t_pid, t_programs = tl.program_id(0), tl.num_programs(0)
+    ok = (t < T) & (row < NROWS)
+    n1 = row // N2
+    n2 = row - n1 * N2
+
+    a = tl.load(act_ptr + n1 * S_ACT[0] + n2 * S_ACT[1] + t * S_ACT[2], mask=ok, other=0)
+    a = a.to(tl.int64)
+    taken = ok & (a >= 0) & (a < A)
+    q_off = n1 * S_Q[0] + n2 * S_Q[1] + t * S_Q[2]
+    p_off = n1 * S_P[0] + n2 * S_P[1] + t * S_P[2]
+    q_t = tl.load(q_ptr + q_off + a * S_Q[3], mask=taken, other=float("nan")).to(tl.float32)
+    p_t = tl.load(p_ptr + p_off + a * S_P[3], mask=taken, other=float("nan")).to(tl.float32)
+    blp = tl.load(blp_ptr + n1 * S_BLP[0] + n2 * S_BLP[1] + t * S_BLP[2], mask=ok,
+                  other=0.0).to(tl.float32)
+    o_off = n1 * S_OUT[0] + n2 * S_OUT[1] + t * S_OUT[2]
+    tl.store(qt_ptr + o_off, q_t, mask=ok)
+    tl.store(lr_ptr + o_off, tl.log(p_t) - blp, mask=ok)
+
+    # the expectation over actions, BLOCK_A actions at a time
+    if HAS_NEXT:
+        eq_off = n1 * S_NQ[0] + n2 * S_NQ[1] + t * S_NQ[2]
+        ep_off = n1 * S_NP[0] + n2 * S_NP[1] + t * S_NP[2]
+    else:
+        eq_off = q_off
+        ep_off = p_off
+    e = tl.zeros([BLOCK], dtype=tl.float32)
+    for a0 in range(0, A, BLOCK_A):
+        ai = (a0 + tl.arange(0, BLOCK_A)).to(tl.int64)
+        m = ok[:, None] & (ai < A)[None, :]
+        if HAS_NEXT:
+            qq = tl.load(nq_ptr + eq_off[:, None] + ai[None, :] * S_NQ[3], mask=m, other=0.0)
+            pp = tl.load(np_ptr + ep_off[:, None] + ai[None, :] * S_NP[3], mask=m, other=0.0)
+        else:
+            qq = tl.load(q_ptr + eq_off[:, None] + ai[None, :] * S_Q[3], mask=m, other=0.0)
+            pp = tl.load(p_ptr + ep_off[:, None] + ai[None, :] * S_P[3], mask=m, other=0.0)
+        e += tl.sum(pp.to(tl.float32) * qq.to(tl.float32), axis=1)
+    if HAS_NEXT:
+        tl.store(e_ptr + o_off, e, mask=ok)
+    else:  # E_{t-1} is this step's own expectation; E_{T-1} the bootstrap rows'
+        tl.store(e_ptr + o_off - S_OUT[2], e, mask=ok & (t > 0))
+        if t_pid == t_programs - 1:  # the tiles that hold the window's last step
+            last = ok & (t == T - 1)
             bq_off = n1 * S_BQ[0] + n2 * S_BQ[1]
             bp_off = n1 * S_BP[0] + n2 * S_BP[1]
-            for a0 in range(0, A, BLOCK_A):
-                ai = (a0 + tl.arange(0, BLOCK_A)).to(tl.int64)
-                mb = last[:, None] & (ai < A)[None, :]
-                bq = tl.load(bq_ptr + bq_off[:, None] + ai[None, :] * S_BQ[2], mask=mb,
-                             other=0.0)
-                bp = tl.load(bp_ptr + bp_off[:, None] + ai[None, :] * S_BP[2], mask=mb,
-                             other=0.0)
-                e_boot += tl.sum(bp.to(tl.float32) * bq.to(tl.float32), axis=1)
-        tl.store(e_ptr + n1 * S_OUT[0] + n2 * S_OUT[1] + (T - 1) * S_OUT[2], e_boot,
-                 mask=last)
-    else:
-        fast = (tl.program_id(1) * INNER + lane % INNER).to(tl.int64)
-        slow = (pid0 * (BLOCK // INNER) + lane // INNER).to(tl.int64)
-        if TIME_FAST:
-            t, row = fast, slow
-        else:
-            t, row = slow, fast
-        ok = (t < T) & (row < NROWS)
-        n1 = row // N2
-        n2 = row - n1 * N2
-        # every load of a chunk of actions is issued before any value is used: one round
-        # trip to memory per chunk (a gather after the actions' load would be a second)
-        a = tl.load(act_ptr + n1 * S_ACT[0] + n2 * S_ACT[1] + t * S_ACT[2], mask=ok, other=0)
-        a = a.to(tl.int64)
-        blp = tl.load(blp_ptr + n1 * S_BLP[0] + n2 * S_BLP[1] + t * S_BLP[2], mask=ok,
-                      other=0.0).to(tl.float32)
-        q_off = n1 * S_Q[0] + n2 * S_Q[1] + t * S_Q[2]
-        p_off = n1 * S_P[0] + n2 * S_P[1] + t * S_P[2]
-        if HAS_NEXT:
-            eq_off = n1 * S_NQ[0] + n2 * S_NQ[1] + t * S_NQ[2]
-            ep_off = n1 * S_NP[0] + n2 * S_NP[1] + t * S_NP[2]
-        e = tl.zeros([BLOCK], dtype=tl.float32)
-        q_t = tl.zeros([BLOCK], dtype=tl.float32)
-        p_t = tl.zeros([BLOCK], dtype=tl.float32)
-        for a0 in range(0, A, BLOCK_A):
-            ai = (a0 + tl.arange(0, BLOCK_A)).to(tl.int64)
-            m = ok[:, None] & (ai < A)[None, :]
-            qq = tl.load(q_ptr + q_off[:, None] + ai[None, :] * S_Q[3], mask=m,
-                         other=0.0).to(tl.float32)
-            pp = tl.load(p_ptr + p_off[:, None] + ai[None, :] * S_P[3], mask=m,
-                         other=0.0).to(tl.float32)
-            if HAS_NEXT:
-                nq = tl.load(nq_ptr + eq_off[:, None] + ai[None, :] * S_NQ[3], mask=m,
-                             other=0.0)
-                np_ = tl.load(np_ptr + ep_off[:, None] + ai[None, :] * S_NP[3], mask=m,
-                              other=0.0)
-                e += tl.sum(np_.to(tl.float32) * nq.to(tl.float32), axis=1)
-            else:
-                e += tl.sum(pp * qq, axis=1)
-            # the taken action's entries, selected from the chunk (one lane matches)
-            hit = ai[None, :] == a[:, None]
-            q_t += tl.sum(tl.where(hit, qq, 0.0), axis=1)
-            p_t += tl.sum(tl.where(hit, pp, 0.0), axis=1)
-        taken = ok & (a >= 0) & (a < A)
-        q_t = tl.where(taken, q_t, float("nan"))
-        p_t = tl.where(taken, p_t, float("nan"))
-        o_off = n1 * S_OUT[0] + n2 * S_OUT[1] + t * S_OUT[2]
-        tl.store(qt_ptr + o_off, q_t, mask=ok)
-        tl.store(lr_ptr + o_off, tl.log(p_t) - blp, mask=ok)
-        if HAS_NEXT:
-            tl.store(e_ptr + o_off, e, mask=ok)
-        else:  # E_{t-1} is this step's own expectation (E_{T-1}: the programs above)
-            tl.store(e_ptr + o_off - S_OUT[2], e, mask=ok & (t > 0))
+            e_boot = tl.zeros([BLOCK], dtype=tl.float32)  # no bootstrap rows: 0
+            if HAS_BOOT:
+                for a0 in range(0, A, BLOCK_A):
+                    ai = (a0 + tl.arange(0, BLOCK_A)).to(tl.int64)
+                    mb = last[:, None] & (ai < A)[None, :]
+                    bq = tl.load(bq_ptr + bq_off[:, None] + ai[None, :] * S_BQ[2], mask=mb,
+                                 other=0.0)
+                    bp = tl.load(bp_ptr + bp_off[:, None] + ai[None, :] * S_BP[2], mask=mb,
+                                 other=0.0)
+                    e_boot += tl.sum(bp.to(tl.float32) * bq.to(tl.float32), axis=1)
+            tl.store(e_ptr + o_off, e_boot, mask=last)
 
 
-# a program's tile: TILE (steps x actions per chunk) over NUM_WARPS warps, 4 values of
-# each per-action tensor a thread (64 registers: at 8 per thread, 128 registers halved
-# the occupancy); BLOCK = TILE // BLOCK_A steps
-TILE = 1024
-NUM_WARPS = 8
-MAX_BLOCK_A = 32  # actions per chunk at most (more: a loop over chunks)
+BLOCK = 128  # steps per program
+NUM_WARPS = 4
 
 
 def _strides3(layout: Layout, t: torch.Tensor, action_axis: bool):
@@ -143,6 +124,7 @@ def _strides3(layout: Layout, t: torch.Tensor, action_axis: bool):
 # the arguments of a call, as pieces() and the cached call take them
 RAW = ("q_values", "target_probs", "actions", "behaviour_log_probs", "next_q_values",
        "next_target_probs", "bootstrap_q_values", "bootstrap_target_probs", "like")
+_OUT_POS = (8, 9, 10)  # the kernel's lr, qt, e arguments
 _PLANS: dict = {}
 _MAX_PLANS = 256
 
@@ -181,21 +163,16 @@ def pieces(layout: Layout, raw: tuple, record=None):
         notime = layout.lead + layout.trail + (A,)
         (bq, s_bq), (bp, s_bp) = (_notime(layout, b.expand(notime)) for b in (boot_q, boot_p))
     # a tile of BLOCK steps, as long along the contiguous axis as that axis allows
-    block_a = max(2, min(triton.next_power_of_2(A), MAX_BLOCK_A))
-    block = max(16, TILE // block_a)
     time_fast = s_out[2] == 1 or T == 1
     fast, slow = (T, N) if time_fast else (N, T)
-    inner = max(1, min(block, triton.next_power_of_2(fast)))
-    main0 = triton.cdiv(slow, block // inner)
-    grid1 = triton.cdiv(fast, inner)
-    if grid1 > 65535:  # CUDA's limit on grid axis 1 (beyond 8M steps on the fast axis)
+    inner = max(1, min(BLOCK, triton.next_power_of_2(fast)))
+    grid = (triton.cdiv(slow, BLOCK // inner), triton.cdiv(fast, inner))
+    if grid[1] > 65535:  # CUDA's limit on grid axis 1 (beyond 8M steps on the fast axis)
         return None
-    # without next_*: the programs writing E_{T-1}, a block of streams each
-    grid = (main0 + (0 if has_next else triton.cdiv(triton.cdiv(N, block), grid1)), grid1)
-    args = [q, p, act, blp, nq, np_, bq, bp, lr, qt, e, layout.N2, T, A, N, main0, s_q, s_p,
-            s_act, s_blp, s_nq, s_np, s_bq, s_bp, tuple(s_out)]
-    consts = dict(HAS_NEXT=has_next, HAS_BOOT=has_boot, TIME_FAST=time_fast, BLOCK=block,
-                  INNER=inner, BLOCK_A=block_a)
+    args = [q, p, act, blp, nq, np_, bq, bp, lr, qt, e, layout.N2, T, A, N, s_q, s_p, s_act,
+            s_blp, s_nq, s_np, s_bq, s_bp, tuple(s_out)]
+    consts = dict(HAS_NEXT=has_next, HAS_BOOT=has_boot, TIME_FAST=time_fast, BLOCK=BLOCK,
+                  INNER=inner, BLOCK_A=8)
     kernel = actions_kernel[grid](*args, **consts, num_warps=NUM_WARPS)
     if record is not None:
         _record(record, raw, args, kernel, grid, consts, like_ok, layout.shape)
