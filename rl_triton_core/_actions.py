@@ -124,7 +124,6 @@ def _strides3(layout: Layout, t: torch.Tensor, action_axis: bool):
 # the arguments of a call, as pieces() and the cached call take them
 RAW = ("q_values", "target_probs", "actions", "behaviour_log_probs", "next_q_values",
        "next_target_probs", "bootstrap_q_values", "bootstrap_target_probs", "like")
-_OUT_POS = (8, 9, 10)  # the kernel's lr, qt, e arguments
 _PLANS: dict = {}
 _MAX_PLANS = 256
 
