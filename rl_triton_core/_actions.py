@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_triton_core import _launch
+from rl_triton_core import _dispatch, _launch
 from rl_triton_core._layout import Layout
 
 
@@ -121,11 +121,9 @@ def _strides3(layout: Layout, t: torch.Tensor, action_axis: bool):
     return t, (s1, s2, st, t.stride(-1)) if action_axis else (s1, s2, st)
 
 
-# the arguments of a call, as pieces() and the cached call take them
+# the arguments of a call, as pieces() and its recorded plan take them
 RAW = ("q_values", "target_probs", "actions", "behaviour_log_probs", "next_q_values",
        "next_target_probs", "bootstrap_q_values", "bootstrap_target_probs", "like")
-_PLANS: dict = {}
-_MAX_PLANS = 256
 
 
 def pieces(layout: Layout, raw: tuple, record=None):
@@ -133,8 +131,8 @@ def pieces(layout: Layout, raw: tuple, record=None):
     (the rewards, when they are dense) -- see the module docstring; None where the
     grid would exceed CUDA's limits (the torch ops then). ``raw``: the tensors named by
     ``RAW``; a bootstrap pair of None means rows of 0 (they are used without ``next_*``;
-    given, they broadcast to ``[*shape without time, A]``). ``record``: the key under
-    which to keep this launch for :func:`cached`."""
+    given, they broadcast to ``[*shape without time, A]``). ``record``: the cache key
+    under which to keep this launch (``_dispatch.cached`` replays it)."""
     q_values, target_probs, actions, blp_in, next_q, next_p, boot_q, boot_p, like = raw
     A = q_values.shape[-1]
     lr = torch.empty_like(like, dtype=torch.float32)
@@ -178,19 +176,12 @@ def pieces(layout: Layout, raw: tuple, record=None):
     return lr, qt, e
 
 
-def cached(key, raw: tuple):
-    """The pieces of a repeated call (same shapes, strides, dtypes and devices as a
-    recorded one): no checks, no layout work, the compiled kernel's own launcher. None
-    where there is no plan for ``key``."""
-    try:
-        plan = _PLANS.get(key)
-    except TypeError:
-        return None
-    return None if plan is None else plan(raw)
-
-
 class _Plan:
-    __slots__ = ("template", "tensor_pos", "kernels", "like", "shape", "device")
+    """A recorded pass: a repeated call with the same key (shapes, strides, dtypes,
+    devices) allocates the pieces and replays the launch, without checks or layout
+    work (None: this Triton's launcher takes other arguments, ``broken``)."""
+
+    __slots__ = ("template", "tensor_pos", "kernels", "like", "shape", "device", "broken")
 
     def __call__(self, raw):
         if self.like:
@@ -202,36 +193,27 @@ class _Plan:
         args[8], args[9], args[10] = lr, qt, e
         for pos, idx in self.tensor_pos:
             args[pos] = raw[idx]
-        if self.device.type == "cuda":
-            if self.device.index != torch._C._cuda_getDevice():
-                with torch.cuda.device(self.device):
-                    ok = _launch.run_compiled(self.kernels, args, self.device)
-            else:
-                ok = _launch.run_compiled(self.kernels, args, self.device)
-            if not ok:
-                _PLANS.clear()
-                return None
-        else:  # the interpreter (tests): Triton's own launch of the same arguments
-            (_, grid, consts), = self.kernels
-            names = actions_kernel.arg_names[len(args):]
-            actions_kernel[grid](*args, **dict(zip(names, consts)), num_warps=NUM_WARPS)
+        if not _launch.replay(actions_kernel, self.kernels, args, self.device):
+            self.broken = True
+            return None
         return lr, qt, e
 
 
 def _record(key, raw, args, kernel, grid, consts, like_ok, shape):
-    """Keep a launch whose tensors are all the caller's (none copied) for :func:`cached`."""
+    """Keep a launch whose tensors are all the caller's (none copied) under ``key``."""
     p = _Plan()
+    p.broken = False
     p.tensor_pos = []
-    for pos, idx in ((0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7)):
-        given, user = args[pos], raw[idx]
+    for i in range(8):  # the kernel's first eight arguments are raw's first eight
+        given, user = args[i], raw[i]
         if (given is None) != (user is None):
-            if given is None and pos in (6, 7):  # bootstrap rows unused beside next_*
+            if given is None and i in (6, 7):  # bootstrap rows unused beside next_*
                 continue
             return
         if given is not None:
             if given.data_ptr() != user.data_ptr() or given.shape != user.shape:
                 return  # a copy (or a broadcast bootstrap row made contiguous)
-            p.tensor_pos.append((pos, idx))
+            p.tensor_pos.append((i, i))
     template = list(args)
     for pos, _ in p.tensor_pos:
         template[pos] = None
@@ -240,12 +222,7 @@ def _record(key, raw, args, kernel, grid, consts, like_ok, shape):
     names = actions_kernel.arg_names[len(args):]
     p.kernels = [(kernel, grid, [consts[n] for n in names])]
     p.like, p.shape, p.device = like_ok, shape, raw[0].device
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    try:
-        _PLANS[key] = p
-    except TypeError:
-        pass
+    _dispatch._store(key, p)
 
 
 def _notime(layout: Layout, t: torch.Tensor):

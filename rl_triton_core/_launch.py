@@ -332,21 +332,27 @@ class Plan:
         return (out0, out1) if self.two_out else out0
 
     def _launch(self, args, device) -> bool:
-        if device.type != "cuda":  # the interpreter (the tests' cpu_plans): Triton's launch
-            names = scan_kernel.arg_names[len(args):]
-            for _, grid, consts in self.kernels:
-                scan_kernel[grid](*args, **dict(zip(names, consts)))
-            return True
-        if device.index != torch._C._cuda_getDevice():
-            with torch.cuda.device(device):
-                return self._run(args, device)
-        return self._run(args, device)
-
-    def _run(self, args, device) -> bool:
-        if not run_compiled(self.kernels, args, device):
+        if not replay(scan_kernel, self.kernels, args, device):
             self.broken = True
             return False
         return True
+
+
+def replay(jit_fn, kernels, args, device) -> bool:
+    """Repeat a recorded launch of ``jit_fn``: its compiled kernels
+    ``[(kernel, grid, constexpr values)]`` with these positional arguments, on
+    ``device`` (made current for the launch). CPU tensors (the interpreter, the tests'
+    ``cpu_plans``) go through Triton's own launch. False: this Triton's launcher takes
+    other arguments (nothing was launched)."""
+    if device.type != "cuda":
+        names = jit_fn.arg_names[len(args):]
+        for _, grid, consts in kernels:
+            jit_fn[grid](*args, **dict(zip(names, consts)))
+        return True
+    if device.index != torch._C._cuda_getDevice():
+        with torch.cuda.device(device):
+            return run_compiled(kernels, args, device)
+    return run_compiled(kernels, args, device)
 
 
 def run_compiled(kernels, args, device) -> bool:

@@ -319,11 +319,9 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
     """
     raw = (q_values, target_probs, actions, behaviour_log_probs, next_q_values,
            next_target_probs, bootstrap_q_values, bootstrap_target_probs, rewards)
-    key = _actions_key(raw, time_dim)
-    if key is not None:
-        from rl_triton_core import _actions
-
-        pieces = _actions.cached(key, raw)
+    key = None
+    if _replayable(raw):
+        key, pieces = _dispatch.cached(("retrace_from_actions", type(time_dim), time_dim), raw)
         if pieces is not None:  # a repeated call: its checks passed when it was recorded
             if actions.device.type == "cpu":  # (the tests' CPU plans) checked by value
                 _check_actions(actions, q_values.shape[-1])
@@ -369,17 +367,13 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
     if (wide == torch.float32 and behaviour_log_probs.dtype != torch.float64
             and not torch.compiler.is_compiling()
             and _dispatch.backend_for(q_values.device) == "triton"
-            and not (torch.is_grad_enabled() and any(
-                t is not None and t.requires_grad for t in (
-                    q_values, target_probs, behaviour_log_probs, next_q_values,
-                    next_target_probs, *boot)))):
+            and not _needs_grad((q_values, target_probs, behaviour_log_probs, next_q_values,
+                                 next_target_probs, *boot))):
         # one Triton pass over the [..., A] tensors (_actions); float32 pieces. Inputs that
         # require grad take the torch ops, so out= raises as retrace's does
         from rl_triton_core import _actions
 
-        pieces = _actions.pieces(Layout(step_shape, td), (
-            q_values, target_probs, actions, behaviour_log_probs, next_q_values,
-            next_target_probs, bootstrap_q_values, bootstrap_target_probs, rewards), key)
+        pieces = _actions.pieces(Layout(step_shape, td), raw, key)
     else:
         pieces = None
     if pieces is None:
@@ -395,20 +389,20 @@ def _check_actions(actions, A):
         raise ValueError(f"actions must lie in [0, {A}) (the action axis of q_values)")
 
 
-def _actions_key(raw, time_dim):
-    """The cached-call key of a retrace_from_actions call (None: the full path only):
+def _needs_grad(tensors) -> bool:
+    """Grad mode is on and one of these (tensors or None) requires grad."""
+    return torch.is_grad_enabled() and any(
+        type(t) is torch.Tensor and t.requires_grad for t in tensors)
+
+
+def _replayable(raw) -> bool:
+    """Whether a retrace_from_actions call may replay a recorded pass over the actions:
     on the Triton backend (CUDA; CPU tensors under the interpreter only with the tests'
     ``cpu_plans``), not while tracing, and not where an input needs autograd."""
-    tune = _config._current
     q = raw[0]
-    if (not tune.cached_launch or type(q) is not torch.Tensor
-            or not (q.is_cuda or tune.cpu_plans) or torch.compiler.is_compiling()
-            or _dispatch.backend_for(q.device) != "triton"):
-        return None
-    if torch.is_grad_enabled() and any(
-            type(t) is torch.Tensor and t.requires_grad for t in raw[:8]):
-        return None
-    return _dispatch.key_of(("retrace_from_actions", type(time_dim), time_dim), raw, tune)
+    return (type(q) is torch.Tensor and (q.is_cuda or _config._current.cpu_plans)
+            and not torch.compiler.is_compiling()
+            and _dispatch.backend_for(q.device) == "triton" and not _needs_grad(raw[:8]))
 
 
 def _retrace_of(pieces, rewards, terminated, truncated, gamma, lmbda, c_bar, time_dim, out,

@@ -586,7 +586,9 @@ def test_retrace_from_actions_cached_call(boot, impl, gen, seed, tuned, monkeypa
 
     if impl.name == "interp":
         tuned(cpu_plans=True)
-    monkeypatch.setattr(_actions, "_PLANS", {})
+    from rl_triton_core import _dispatch
+
+    monkeypatch.setattr(_dispatch, "_PLANS", {})
     calls = []
     real = _actions._Plan.__call__
     monkeypatch.setattr(_actions._Plan, "__call__",
@@ -623,7 +625,8 @@ def test_retrace_from_actions_cached_call(boot, impl, gen, seed, tuned, monkeypa
         args, kw, want = case()
         got = lib("retrace_from_actions")(*args, **kw)
         assert_close_to_ref(got, want, torch.float32, f"trial {trial} [{impl.name}, seed={seed}]")
-    assert len(_actions._PLANS) == 1 and len(calls) == 2
+    assert len(_dispatch._PLANS) == 2 and len(calls) == 2  # the pass's plan and the scan's
+    assert sum(isinstance(p, _actions._Plan) for p in _dispatch._PLANS.values()) == 1
     args, kw, _ = case()
     if impl.name == "interp":
         args[2][1, 7] = A
