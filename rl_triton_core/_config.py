@@ -43,6 +43,11 @@ class Tuning:
         cpu_threads: threads of the CPU path (None: min(cores, 8)).
         cpu_plans: tests: record and replay cached launches for CPU tensors too (under
             the Triton interpreter), so the replay logic is checked without a GPU.
+        row_tiles: batch-major rows of 129-4096 steps as one chunk per program (a whole
+            row, 4-16 steps a thread) where that fills the GPU; False: the 128-step
+            chunk tiles (sweeps).
+        wide_index: tests: int64 element offsets even where int32 ones reach every
+            element (the plan's choice for tensors under 2**31 elements).
     """
 
     cached_launch: bool = os.environ.get("RL_TRITON_CORE_FASTPATH", "1") == "1"
@@ -56,6 +61,8 @@ class Tuning:
     tm_steps: int = 16
     cpu_threads: int | None = None
     cpu_plans: bool = False
+    row_tiles: bool = True
+    wide_index: bool = False
 
     def __post_init__(self):
         w = self.look_window

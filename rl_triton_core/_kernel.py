@@ -454,6 +454,7 @@ def scan_kernel(
     MODE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr, UNIFORM: tl.constexpr,
     FP64: tl.constexpr, SCALAR_N: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, LOOK_W: tl.constexpr,
+    ONE: tl.constexpr = False, I64: tl.constexpr = True,
 ):
     """OUT0 (and OUT1, None for one output) = the scan of MODE over [N1, N2, T].
 
@@ -463,6 +464,9 @@ def scan_kernel(
     thresholds) and BOOT, INIT ([N1, N2]); each None where absent. g, lm, rb, cb, pb:
     the scalar coefficients where there is no tensor (None where unused: 1), with
     their float64 low parts in LO. WS: the segmented plans' workspace.
+    ONE: each program's streams fit one chunk (PHASE 0, BLOCK_T >= T): no carry leaves
+    the chunk, so no reduction extracts it. I64: element offsets in int64; else int32
+    (every offset, the last chunk's overshoot included, fits: half the address work).
     """
     if PHASE == 4:
         # segments in ticket order (the look-back waits only on started programs)
@@ -476,7 +480,10 @@ def scan_kernel(
     else:
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
-    n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    if I64:
+        n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    else:
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     n1 = n // N2
     n2 = n % N2
@@ -551,13 +558,18 @@ def scan_kernel(
             boot = tl.load(BOOT + _offset_notime(K_BOOT, STR, n1, n2, N2, UNIFORM), mask=nmask,
                            other=0).to(zero.dtype)[:, None]
         so1, so2, sot = STR[0], STR[1], STR[2]  # the outputs' (slot 0 in either form)
-        n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
+        if ONE:
+            n_chunks = 1
+        else:
+            n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
         for kk in tl.range(0, n_chunks, num_stages=STAGES):
             if REVERSE:
                 k = n_chunks - 1 - kk
             else:
                 k = kk
-            t = (t_lo + k * BLOCK_T + cols).to(tl.int64)
+            t = t_lo + k * BLOCK_T + cols
+            if I64:
+                t = t.to(tl.int64)
             m = nm2 & (t < t_hi)
             if MODE == LINREC:
                 alpha, beta = _linrec(X, V, STR, o1, o2, t, m, UNIFORM, FP64)
@@ -644,7 +656,8 @@ def scan_kernel(
                     tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
                 else:
                     tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
-                carry = _column(h, cols, edge)
+                if not ONE:
+                    carry = _column(h, cols, edge)
 
         if PHASE == 1:
             w_off = pid_s.to(tl.int64) * N + n

@@ -46,6 +46,7 @@ STRIDE_SLOTS = ("out", "x", "v", "nv", "term", "trunc", "rho", "g", "lm", "rb", 
 _DATA = STRIDE_SLOTS[1:12]
 _F32_MAX = 3.4e38  # float32 max, with room so the rounded hi stays finite
 _SM_COUNT: dict = {}
+ROW_MAX_T = 4096  # whole-row tiles (batch-major) up to this many steps
 
 
 # ----------------------------------------------------------------------------- plan
@@ -91,7 +92,12 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: int = _table.MODE_
     and tensor), so the scan runs in registers and warp shuffles, without shared
     memory. Measured on the H200 (docs/notes.md, tile sweep): 8 rows x 8 warps
     for GAE / TD(lambda), 4 x 4 for the others; 2 rows x 4 warps where that alone
-    fills the GPU and the larger tile would split time. Time-major data (streams
+    fills the GPU and the larger tile would split time. Rows of 129-4096 steps
+    (float32) take a whole row per program in one chunk where there are at least as
+    many rows as SMs: always for the light scans (traces, sums), and for the others
+    up to 512 steps or where the chunk tiles would leave fewer than 4 programs per SM
+    (rl-triton's one-row design; measured faster there, docs/notes.md item 59).
+    Time-major data (streams
     contiguous): one thread per stream (SCALAR_N), each holding BLOCK_T steps, so
     a warp's loads are one coalesced row per step and the scan is sequential in
     registers -- unless there are fewer streams than a warp has threads: there,
@@ -107,11 +113,26 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: int = _table.MODE_
     scalar_n = False
     stages = 1  # the chunk loop's software pipelining (tl.range num_stages); 1: none
     per_sm = tune.programs_per_sm
+    light = mode in (_table.MODE_TRACE, _table.MODE_LINREC)
     if time_contiguous:
         num_warps = 8 if mode in (_table.MODE_GAE, _table.MODE_TDLAMBDA) else 4
         block_t = max(16, min(tp, 32 * vec))
         block_n = max(2, min(np2, 32 * vec * num_warps // block_t))
-        if block_n > np2:  # a stream or two: several warps per row, VEC steps per thread
+        rows = triton.cdiv(N, block_n)
+        if (tune.row_tiles and elem_bytes <= 4 and 32 * vec < tp <= ROW_MAX_T
+                and N >= _sm_count(device)
+                and (light or tp <= 512 or rows < 4 * _sm_count(device))):
+            # a whole row per program, in one chunk: no carry between chunks and no time
+            # split; 16 steps a thread for the light scans (8 for rows of up to 1024 steps
+            # where under 4 programs per SM wait on one program's latency), 4-8 for the
+            # others
+            if light:
+                ept = 16 if tp > 1024 or N >= 4 * _sm_count(device) else 8
+            else:
+                ept = 8 if tp > 1024 else 4
+            block_n, block_t = 1, tp
+            num_warps = max(1, min(16, tp // (32 * ept)))
+        elif block_n > np2:  # a stream or two: several warps per row, VEC steps per thread
             block_t = max(16, min(tp, 32 * vec * num_warps // block_n))
         elif (_segments(N, T, block_n, block_t, device, tune, per_sm)[1] > 1
               and triton.cdiv(N, 2) >= 2 * _sm_count(device)):
@@ -176,6 +197,15 @@ def _relevant(strides, sizes):
     return tuple(s if n > 1 else 0 for s, n in zip(strides, sizes))
 
 
+def _reach(strides: dict, sizes3, block_n: int, block_t: int) -> int:
+    """A bound on every element offset the kernel forms (masked ones included: a tile's
+    rows and a chunk's steps past the end, V_{t+1}): int32 offsets do where it is below
+    2**31."""
+    n1, n2, t = sizes3
+    pads = (n1 + block_n, n2 + block_n, t + block_t + 1)
+    return max(sum(p * abs(s) for p, s in zip(pads, st)) for st in strides.values())
+
+
 def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64: bool,
            tune: Tuning):
     """Launch the scan of ``mode`` into ``out0`` (and ``out1``).
@@ -235,7 +265,8 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         N, T, time_contiguous, device, mode, out0.element_size(), tune)
     consts = dict(MODE=mode, REVERSE=reverse, UNIFORM=uniform, FP64=fp64, SCALAR_N=scalar_n,
                   BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_S=2, STAGES=stages,
-                  LOOK_W=tune.look_window)
+                  LOOK_W=tune.look_window, ONE=S == 1 and block_t >= T,
+                  I64=tune.wide_index or _reach(strides, sizes3, block_n, block_t) >= 2**31)
     grid = (triton.cdiv(N, block_n), S)
     ws_spec = None
     wdt = torch.float64 if fp64 else torch.float32

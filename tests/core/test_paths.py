@@ -137,9 +137,22 @@ def test_plan_rules(monkeypatch, tuned):
 
     assert plan(4096, 128, True) == (8, 128, 128, 1, 8, False, 1)
     assert plan(4096, 128, True, _table.MODE_VTRACE) == (4, 128, 128, 1, 4, False, 1)
-    # two rows a program fill the GPU without splitting time
+    # whole rows of 129-4096 steps, one chunk a program (docs/notes.md item 59): always
+    # for the light scans, and for the others up to 512 steps or where the 128-step
+    # tiles would leave under 4 programs per SM; 4-8 steps a thread (16: light scans)
+    assert plan(1024, 4096, True) == (1, 4096, 4096, 1, 16, False, 1)
+    assert plan(256, 1024, True) == (1, 1024, 1024, 1, 8, False, 1)
+    assert plan(16384, 512, True, _table.MODE_VTRACE) == (1, 512, 512, 1, 4, False, 1)
+    assert plan(65536, 1024, True)[:5] == (8, 128, 1024, 1, 8)  # many rows: chunk tiles
+    assert plan(65536, 1024, True, _table.MODE_TRACE)[:5] == (1, 1024, 1024, 1, 2)
+    assert plan(256, 1024, True, _table.MODE_TRACE)[:5] == (1, 1024, 1024, 1, 4)
+    assert plan(512, 4096, True, _table.MODE_TRACE)[:5] == (1, 4096, 4096, 1, 8)
+    assert plan(100, 1024, True)[3] > 1  # fewer rows than SMs: time split
+    assert plan(1024, 8192, True)[1] == 256  # beyond 4096 steps: chunks
+    # without whole-row tiles (row_tiles=False): two rows a program fill the GPU without
+    # splitting time; with too few streams even then, the default tile, time split
+    tuned(row_tiles=False)
     assert plan(1024, 4096, True) == (2, 256, 4096, 1, 4, False, 1)
-    # too few streams even two rows at a time: the default tile, time split
     assert plan(256, 1024, True)[0] == 8 and plan(256, 1024, True)[3] > 1
     # time-major: a thread per stream from 32 streams, for any number of segments
     assert plan(16384, 512, False) == (32, 16, 512, 1, 1, True, 1)
@@ -159,17 +172,60 @@ def test_plan_rules(monkeypatch, tuned):
 
 
 @pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_cumsum", "linear_recurrence"])
-def test_two_row_tile_matches_reference(name, gen, monkeypatch):
-    """The batch-major two-row tile (chosen where it avoids splitting time: here, on the
-    interpreter's 4 SMs, 24 streams of 300 steps) gives the reference's numbers."""
+def test_two_row_tile_matches_reference(name, gen, monkeypatch, tuned):
+    """The batch-major two-row tile (chosen without whole-row tiles where it avoids
+    splitting time: here, on the interpreter's 4 SMs, 24 streams of 300 steps) gives the
+    reference's numbers."""
     import os
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter only")
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    tuned(row_tiles=False)
     assert _launch.plan(24, 300, True, torch.device("cpu"))[:5] == (2, 256, 300, 1, 4)
     fn, rfn, args, kw = CASES[name](*_inputs(gen, (24, 300), "cpu"))
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("name", list(CASES))
+def test_whole_row_tile_matches_reference(name, wide, gen, monkeypatch, tuned):
+    """Whole-row tiles: 5 streams of 300 steps on the interpreter's 4 SMs take one
+    program per row and one chunk (ONE: no carry reduction), with int32 offsets unless
+    ``wide_index`` forces int64; either gives the reference's numbers."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only (the GPU runs take it at 256x1024 and 1024x4096)")
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    tuned(cached_launch=False)
+    tuned(wide_index=wide)
+    seen = []
+    real = _launch.launch
+
+    def spy(*a, **k):
+        res = real(*a, **k)
+        seen.extend(c for _, _, c in res[3])
+        return res
+
+    monkeypatch.setattr(_launch, "launch", spy)
+    fn, rfn, args, kw = CASES[name](*_inputs(gen, (5, 300), "cpu"))
+    _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
+    assert [(c["BLOCK_N"], c["BLOCK_T"], c["PHASE"], c["ONE"], c["I64"]) for c in seen] == [
+        (1, 512, 0, True, wide)]
+
+
+def test_int32_offsets_only_where_every_offset_fits():
+    """I64 is chosen from a bound on every offset the kernel forms: the padded rows, the
+    chunk's overshoot past T and V_{t+1} included, for every tensor's strides."""
+    sizes = (1, 1000, 1000)
+    assert _launch._reach({"out": (0, 1000, 1)}, sizes, 8, 128) == 1008 * 1000 + 1129
+    big = (1, 2**16, 2**15)  # 2**31 elements, batch-major
+    assert _launch._reach({"out": (0, 2**15, 1)}, big, 1, 1) >= 2**31
+    small = (1, 2**15, 2**15)
+    assert _launch._reach({"out": (0, 2**15, 1)}, small, 1, 2**15) < 2**31
+    # a broadcast (stride 0) axis adds nothing; a transposed input counts its own strides
+    assert _launch._reach({"x": (0, 0, 1), "v": (0, 1, 2**16)}, small, 1, 16) >= 2**31
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
