@@ -91,11 +91,15 @@ if [[ $what == verl ]]; then
     -p no:cacheprovider -W ignore > "$OUT/verl_tests.log" 2>&1
   grep -E "^FAILED|^SKIPPED|passed|failed|error" "$OUT/verl_tests.log" | tail -10
 fi
+# tests: the core GPU tests (TEST_FILES picks files); each failure's report is written
+# to gpu_failures.txt as it happens, so a run stopped by its time limit still names them
 if [[ $what == tests || $what == all ]]; then
   gpus=$(nvidia-smi -L | wc -l); workers=$(( $(nproc) - 2 ))
-  OMP_NUM_THREADS=1 RL_TEST_GPUS=$gpus timeout ${TEST_TIMEOUT:-540} python -m pytest tests/core \
-    -m "gpu and not slow" -q --durations=30 -n $workers -p no:cacheprovider -W ignore > "$OUT/gpu_tests.log" 2>&1
+  OMP_NUM_THREADS=1 RL_TEST_GPUS=$gpus RL_TEST_FAIL_LOG=$OUT/gpu_failures.txt \
+    timeout ${TEST_TIMEOUT:-540} python -m pytest ${TEST_FILES:-tests/core} \
+    -m "gpu and not slow" -q -rf --durations=30 -n $workers -p no:cacheprovider -W ignore > "$OUT/gpu_tests.log" 2>&1
   grep -E "^FAILED|passed|failed|error" "$OUT/gpu_tests.log" | tail -25
+  head -c 4000 "$OUT/gpu_failures.txt" 2>/dev/null
 fi
 if [[ $what == backward || $what == all ]]; then
   timeout ${BACKWARD_TIMEOUT:-150} python scripts/backward_bench.py --out "$OUT/backward.md" > "$OUT/backward.log" 2>&1
