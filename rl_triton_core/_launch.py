@@ -113,21 +113,20 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: int = _table.MODE_
     scalar_n = False
     stages = 1  # the chunk loop's software pipelining (tl.range num_stages); 1: none
     per_sm = tune.programs_per_sm
-    light = mode in (_table.MODE_TRACE, _table.MODE_LINREC)
     if time_contiguous:
         num_warps = 8 if mode in (_table.MODE_GAE, _table.MODE_TDLAMBDA) else 4
         block_t = max(16, min(tp, 32 * vec))
         block_n = max(2, min(np2, 32 * vec * num_warps // block_t))
-        rows = triton.cdiv(N, block_n)
-        if (tune.row_tiles and elem_bytes <= 4 and 32 * vec < tp <= ROW_MAX_T
-                and N >= _sm_count(device)
-                and (light or tp <= 512 or rows < 4 * _sm_count(device))):
+        light = mode in (_table.MODE_TRACE, _table.MODE_LINREC)  # two loads, one store
+        sms = _sm_count(device)
+        if (tune.row_tiles and elem_bytes <= 4 and 32 * vec < tp <= ROW_MAX_T and N >= sms
+                and (light or tp <= 512 or triton.cdiv(N, block_n) < 4 * sms)):
             # a whole row per program, in one chunk: no carry between chunks and no time
             # split; 16 steps a thread for the light scans (8 for rows of up to 1024 steps
             # where under 4 programs per SM wait on one program's latency), 4-8 for the
             # others
             if light:
-                ept = 16 if tp > 1024 or N >= 4 * _sm_count(device) else 8
+                ept = 16 if tp > 1024 or N >= 4 * sms else 8
             else:
                 ept = 8 if tp > 1024 else 4
             block_n, block_t = 1, tp
