@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_triton_core import _dispatch, _launch
+from rl_triton_core import _config, _dispatch, _launch, _table
+from rl_triton_core._kernel import _apply, _column, _combine
 from rl_triton_core._layout import Layout
 
 
@@ -231,3 +232,238 @@ def _notime(layout: Layout, t: torch.Tensor):
     t = t.contiguous()
     A = t.shape[-1]
     return t, (layout.N2 * A, A, 1)
+
+
+# ------------------------------------------------------------------ one fused pass
+# Where the scan needs no time segments (the plan gives S = 1) and the coefficients are
+# numbers, one kernel does both: each step's Q_t, log rho_{t+1} and E_t are built in
+# registers from the per-action tensors, as the coefficients of retrace's scan, and
+# only the targets are written (no 12 B a step written and read back, one launch).
+
+
+@triton.jit
+def _taken(P, off, a, A, SA, m):
+    """P[off + a * SA] where ``m`` and the action lies in [0, A); NaN for an action out
+    of range; float32."""
+    ok = m & (a >= 0) & (a < A)
+    x = tl.load(P + off + a * SA, mask=ok, other=float("nan")).to(tl.float32)
+    return tl.where(m, x, 0.0)
+
+
+@triton.jit
+def _expectation(Q, PI, qoff, poff, SQA, SPA, A, m, BLOCK_A: tl.constexpr):
+    """sum_a PI[poff + a] Q[qoff + a] of each step where ``m`` (0 elsewhere)."""
+    e = tl.zeros(qoff.shape, dtype=tl.float32)
+    for a0 in range(0, A, BLOCK_A):
+        ai = (a0 + tl.arange(0, BLOCK_A)).to(tl.int64)[None, None, :]
+        mm = m[:, :, None] & (ai < A)
+        qq = tl.load(Q + qoff[:, :, None] + ai * SQA, mask=mm, other=0.0).to(tl.float32)
+        pp = tl.load(PI + poff[:, :, None] + ai * SPA, mask=mm, other=0.0).to(tl.float32)
+        e += tl.sum(pp * qq, axis=2)
+    return e
+
+
+@triton.jit(do_not_specialize=["UNIT"])
+def fused_kernel(OUT, Q, PI, ACT, BLP, NQ, NP, BQ, BP, X, TERM, TRUNC, g, lm, cb,
+                 S_OUT, S_Q, S_P, S_ACT, S_BLP, S_NQ, S_NP, S_BQ, S_BP, S_X, S_TERM, S_TRUNC,
+                 N, N2, T, A, UNIT,
+                 HAS_NEXT: tl.constexpr, HAS_BOOT: tl.constexpr, SCALAR_N: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr,
+                 ONE: tl.constexpr):
+    """retrace_from_actions in one pass: OUT = Q_t + D_t with
+
+        D_t = r_t + gamma (1 - term_t) E_t - Q_t + gamma (1 - done_t) c_{t+1} D_{t+1},
+        c_{t+1} = lambda min(pi(a_{t+1}|s_{t+1}) / mu(a_{t+1}|s_{t+1}), c_bar) (0 at T-1),
+
+    Q_t = Q[t, a_t] and E_t as in the module docstring, scanned from the end as
+    ``_kernel.scan_kernel``'s PHASE 0 (the same tiles and association, so the targets
+    equal the two-pass path's). Strides: (s1, s2, st[, sa]) of each tensor as
+    [N1, N2, T(, A)]; the bootstrap rows' (s1, s2, sa)."""
+    n = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    nmask = n < N
+    n1 = n // N2
+    n2 = n % N2
+    if SCALAR_N:  # time-major: one thread per stream (see scan_kernel)
+        n1 = tl.max_contiguous(tl.multiple_of(n1 * UNIT, 1), 2)
+        n2 = tl.max_contiguous(tl.multiple_of(n2 * UNIT, 1), 2)
+    o1 = n1[:, None]
+    o2 = n2[:, None]
+    nm2 = nmask[:, None]
+    cols = tl.arange(0, BLOCK_T)[None, :]
+    carry = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if ONE:
+        n_chunks = 1
+    else:
+        n_chunks = tl.cdiv(T, BLOCK_T)
+    for kk in range(0, n_chunks):
+        t = ((n_chunks - 1 - kk) * BLOCK_T + cols).to(tl.int64)
+        m = nm2 & (t < T)
+        mn = m & (t + 1 < T)
+        t1 = t + 1
+        x = tl.load(X + o1 * S_X[0] + o2 * S_X[1] + t * S_X[2], mask=m, other=0).to(tl.float32)
+        term = tl.load(TERM + o1 * S_TERM[0] + o2 * S_TERM[1] + t * S_TERM[2], mask=m, other=0)
+        if term.dtype.is_fp16() or term.dtype.is_bf16():
+            term = term.to(tl.float32)
+        done = term != 0
+        if TRUNC is not None:
+            tr = tl.load(TRUNC + o1 * S_TRUNC[0] + o2 * S_TRUNC[1] + t * S_TRUNC[2], mask=m,
+                         other=0)
+            if tr.dtype.is_fp16() or tr.dtype.is_bf16():
+                tr = tr.to(tl.float32)
+            done = done | (tr != 0)
+        # Q_t, and the ratio of step t + 1 (the trace of step t uses it)
+        q_row = o1 * S_Q[0] + o2 * S_Q[1]
+        p_row = o1 * S_P[0] + o2 * S_P[1]
+        a = tl.load(ACT + o1 * S_ACT[0] + o2 * S_ACT[1] + t * S_ACT[2], mask=m, other=0)
+        q = _taken(Q, q_row + t * S_Q[2], a.to(tl.int64), A, S_Q[3], m)
+        a1 = tl.load(ACT + o1 * S_ACT[0] + o2 * S_ACT[1] + t1 * S_ACT[2], mask=mn, other=0)
+        p1 = _taken(PI, p_row + t1 * S_P[2], a1.to(tl.int64), A, S_P[3], mn)
+        blp1 = tl.load(BLP + o1 * S_BLP[0] + o2 * S_BLP[1] + t1 * S_BLP[2], mask=mn,
+                       other=0).to(tl.float32)
+        ratio = tl.exp(tl.log(tl.where(mn, p1, 1.0)) - blp1)  # (1: no log of 0 past T-1)
+        c_next = tl.where(t1 < T, lm * tl.minimum(ratio, cb), 0.0)
+        # E_t: next_* at t, else rows t + 1 (at T - 1 the bootstrap rows, or 0)
+        if HAS_NEXT:
+            e = _expectation(NQ, NP, o1 * S_NQ[0] + o2 * S_NQ[1] + t * S_NQ[2],
+                             o1 * S_NP[0] + o2 * S_NP[1] + t * S_NP[2], S_NQ[3], S_NP[3],
+                             A, m, BLOCK_A)
+        else:
+            e = _expectation(Q, PI, q_row + t1 * S_Q[2], p_row + t1 * S_P[2], S_Q[3],
+                             S_P[3], A, mn, BLOCK_A)
+            if HAS_BOOT:
+                last = m & (t == T - 1)
+                eb = _expectation(BQ, BP, o1 * S_BQ[0] + o2 * S_BQ[1] + t * 0,
+                                  o1 * S_BP[0] + o2 * S_BP[1] + t * 0, S_BQ[2], S_BP[2],
+                                  A, last, BLOCK_A)
+                e = tl.where(last, eb, e)
+        alpha = x + tl.where(term != 0, 0.0, g * e) - q
+        beta = tl.where(done, 0.0, g * c_next)
+        alpha = tl.where(m, alpha, 0.0)
+        beta = tl.where(m, beta, 1.0)
+        A_, B_ = tl.associative_scan((alpha, beta), 1, _combine, reverse=True)
+        h = _apply(A_, B_, carry[:, None])
+        tl.store(OUT + o1 * S_OUT[0] + o2 * S_OUT[1] + t * S_OUT[2],
+                 (h + q).to(OUT.dtype.element_ty), mask=m)
+        if not ONE:
+            carry = _column(h, cols, 0)
+
+
+# the arguments of a fused call (``_FusedPlan`` and ``fused`` take them in this order)
+RAW_FUSED = RAW[:8] + ("rewards", "terminated", "truncated", "gamma", "lmbda", "c_bar")
+_FUSED_TENSORS = 11  # the kernel's arguments 1..11 are RAW_FUSED's first eleven
+_FUSED_NUMBERS = ((12, 11, 1.0), (13, 12, 1.0), (14, 13, float("inf")))  # (arg, raw, max)
+
+
+def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
+    """retrace_from_actions' targets in one launch (``fused_kernel``), float32 (None
+    where the two-pass path applies: per-step coefficient tensors, or a plan that
+    splits time into segments). ``ins``, ``coefs``: retrace's validated slots (x, term,
+    trunc; g, lm, cb); ``raw``: the arguments named by ``RAW_FUSED``. ``record``: the
+    cache key under which to keep this launch."""
+    tune = _config.current_tuning()
+    if not tune.fused_actions or any(coefs[s][1] is not None for s in ("g", "lm", "cb")):
+        return None
+    q_values, target_probs, actions, blp_in, next_q, next_p, boot_q, boot_p, rewards = raw[:9]
+    N, T = layout.N, layout.T
+    out = torch.empty_like(rewards, dtype=torch.float32)
+    like_ok = layout.mergeable(out)
+    if not like_ok:
+        out = torch.empty(layout.shape, dtype=torch.float32, device=rewards.device)
+    if N == 0 or T == 0:
+        return out
+    _, *s_out = layout.view3(out)
+    x, *s_x = layout.view3(ins["x"])
+    term, *s_term = layout.view3(ins["term"])
+    trunc, s_trunc = None, (0, 0, 0)
+    if ins.get("trunc") is not None:
+        trunc, *s_trunc = layout.view3(ins["trunc"])
+    time_contiguous = s_x[2] == 1 or T == 1
+    block_n, block_t, _, S, num_warps, scalar_n, _ = _launch.plan(
+        N, T, time_contiguous, rewards.device, _table.MODE_RETRACE, 4, tune)
+    if S > 1 or triton.cdiv(N, block_n) >= 2**31:
+        return None
+    A = q_values.shape[-1]
+    q, s_q = _strides3(layout, q_values, True)
+    p, s_p = _strides3(layout, target_probs, True)
+    act, s_act = _strides3(layout, actions, False)
+    blp, s_blp = _strides3(layout, blp_in, False)
+    has_next = next_q is not None
+    has_boot = not has_next and boot_q is not None
+    nq = np_ = bq = bp = None
+    s_nq = s_np = (0, 0, 0, 0)
+    s_bq = s_bp = (0, 0, 0)
+    if has_next:
+        nq, s_nq = _strides3(layout, next_q, True)
+        np_, s_np = _strides3(layout, next_p, True)
+    elif has_boot:
+        notime = layout.lead + layout.trail + (A,)
+        (bq, s_bq), (bp, s_bp) = (_notime(layout, b.expand(notime)) for b in (boot_q, boot_p))
+    args = [out, q, p, act, blp, nq, np_, bq, bp, x, term, trunc,
+            coefs["g"][0], coefs["lm"][0], coefs["cb"][0],
+            tuple(s_out), s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp, tuple(s_x),
+            tuple(s_term), tuple(s_trunc), N, layout.N2, T, A, 1]
+    consts = dict(HAS_NEXT=has_next, HAS_BOOT=has_boot, SCALAR_N=scalar_n, BLOCK_N=block_n,
+                  BLOCK_T=block_t, BLOCK_A=8, ONE=block_t >= T)
+    grid = (triton.cdiv(N, block_n), 1)
+    kernel = fused_kernel[grid](*args, **consts, num_warps=num_warps)
+    if record is not None:
+        _record_fused(record, raw, args, kernel, grid, consts, like_ok, layout.shape)
+    return out
+
+
+class _FusedPlan:
+    """A recorded fused launch: a repeated call with the same key checks the three
+    coefficients' ranges, allocates the targets and replays the launch (None: a check
+    needs the full path, or ``broken``: this Triton's launcher takes other arguments)."""
+
+    __slots__ = ("template", "tensor_pos", "kernels", "like", "shape", "device", "broken")
+
+    def __call__(self, raw):
+        args = list(self.template)
+        for pos, idx, hi in _FUSED_NUMBERS:
+            value = raw[idx]
+            if not 0.0 <= value <= hi:  # also NaN: the full path raises the error
+                return None
+            args[pos] = float(value)
+        if self.like:
+            out = torch.empty_like(raw[8], dtype=torch.float32)
+        else:
+            out = torch.empty(self.shape, dtype=torch.float32, device=self.device)
+        args[0] = out
+        for pos, idx in self.tensor_pos:
+            args[pos] = raw[idx]
+        if not _launch.replay(fused_kernel, self.kernels, args, self.device):
+            self.broken = True
+            return None
+        return out
+
+
+def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
+    """Keep a fused launch whose tensors are all the caller's (none copied, none
+    reshaped) under ``key``."""
+    p = _FusedPlan()
+    p.broken = False
+    p.tensor_pos = []
+    for i in range(_FUSED_TENSORS):
+        given, user = args[i + 1], raw[i]
+        if (given is None) != (user is None):
+            if given is None and i in (6, 7):  # bootstrap rows unused beside next_*
+                continue
+            return
+        if given is not None:
+            if (type(user) is not torch.Tensor or given.data_ptr() != user.data_ptr()
+                    or given.shape != user.shape or given.stride() != user.stride()):
+                return  # a copy, a broadcast bootstrap row made contiguous, a reshape
+            p.tensor_pos.append((i + 1, i))
+    for _, idx, _ in _FUSED_NUMBERS:
+        if type(raw[idx]) not in (float, int):
+            return
+    template = list(args)
+    for pos, _ in p.tensor_pos:
+        template[pos] = None
+    template[0] = None
+    p.template = tuple(template)
+    names = fused_kernel.arg_names[len(args):]
+    p.kernels = [(kernel, grid, [consts[n] for n in names])]
+    p.like, p.shape, p.device = like_ok, shape, raw[0].device
+    _dispatch._store(key, p)

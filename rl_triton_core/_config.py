@@ -48,6 +48,10 @@ class Tuning:
             chunk tiles (sweeps).
         wide_index: tests: int64 element offsets even where int32 ones reach every
             element (the plan's choice for tensors under 2**31 elements).
+        fused_actions: ``retrace_from_actions`` on the Triton path in one pass (the
+            per-action pieces built as the scan's coefficients) where its plan needs
+            no time segments; False (or ``RL_TRITON_CORE_FUSED_ACTIONS=0``): the pass
+            over the actions, then retrace's scan.
     """
 
     cached_launch: bool = os.environ.get("RL_TRITON_CORE_FASTPATH", "1") == "1"
@@ -63,6 +67,7 @@ class Tuning:
     cpu_plans: bool = False
     row_tiles: bool = True
     wide_index: bool = False
+    fused_actions: bool = os.environ.get("RL_TRITON_CORE_FUSED_ACTIONS", "1") == "1"
 
     def __post_init__(self):
         w = self.look_window

@@ -318,14 +318,17 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         tensor([1.7500, 1.5000, 1.0000])
     """
     raw = (q_values, target_probs, actions, behaviour_log_probs, next_q_values,
-           next_target_probs, bootstrap_q_values, bootstrap_target_probs, rewards)
+           next_target_probs, bootstrap_q_values, bootstrap_target_probs, rewards,
+           terminated, truncated, gamma, lmbda, c_bar, out)
     key = None
     if _replayable(raw):
-        key, pieces = _dispatch.cached(("retrace_from_actions", type(time_dim), time_dim), raw)
-        if pieces is not None:  # a repeated call: its checks passed when it was recorded
+        key, hit = _dispatch.cached(("retrace_from_actions", type(time_dim), time_dim), raw)
+        if hit is not None:  # a repeated call: its checks passed when it was recorded
             if actions.device.type == "cpu":  # (the tests' CPU plans) checked by value
                 _check_actions(actions, q_values.shape[-1])
-            return _retrace_of(pieces, rewards, terminated, truncated, gamma, lmbda, c_bar,
+            if type(hit) is torch.Tensor:  # the fused pass: the targets
+                return hit
+            return _retrace_of(hit, rewards, terminated, truncated, gamma, lmbda, c_bar,
                                time_dim, out, torch.float32)
     q_values = check.tensor("q_values", q_values)
     target_probs = check.tensor("target_probs", target_probs)
@@ -373,7 +376,20 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         # require grad take the torch ops, so out= raises as retrace's does
         from rl_triton_core import _actions
 
-        pieces = _actions.pieces(Layout(step_shape, td), raw, key)
+        layout = Layout(step_shape, td)
+        if out is None and rewards.dtype == torch.float32:
+            # retrace's checks of the flags and coefficients (the per-action inputs stand
+            # in for its log_rhos, q_values and expected_next_q, checked above), then the
+            # pieces and the scan in one pass where the plan allows
+            call = _call.prepare(TABLE["retrace"], (behaviour_log_probs, rewards, rewards,
+                                                    rewards, terminated, truncated, gamma,
+                                                    lmbda, c_bar), time_dim)
+            check.same_device([("rewards", rewards), ("q_values", q_values),
+                               ("target_probs", target_probs), ("actions", actions)])
+            targets = _actions.fused(layout, call.ins, call.coefs, raw, key)
+            if targets is not None:
+                return targets
+        pieces = _actions.pieces(layout, raw[:9], key)
     else:
         pieces = None
     if pieces is None:

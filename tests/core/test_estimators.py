@@ -549,6 +549,85 @@ def test_action_pieces_kernel_equals_torch_ops(case, impl, gen, seed):
                                    msg=lambda m, n=name: f"{n} [{case}, seed={seed}]: {m}")
 
 
+@pytest.mark.parametrize("case", ["batch_major", "time_major", "lead_trail", "strided_actions",
+                                  "next_given", "no_boot", "many_actions", "row_tile",
+                                  "broadcast_flags", "bad_action"])
+def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned, monkeypatch):
+    """retrace_from_actions in one fused pass (the pieces built as the scan's
+    coefficients) against the float64 reference and against the pass over the actions
+    plus retrace's scan (``fused_actions=False``), on random layouts: the time axis first,
+    in the middle or last, a strided action axis, int32 actions, a whole-row tile, flags
+    broadcast over streams; an action out of range gives NaN at its step and the steps
+    its trace reaches, the others equal the two-pass path."""
+    if impl.name == "cpu":
+        pytest.skip("the Triton backends' pass")
+    if case == "bad_action" and impl.device.type != "cuda":
+        pytest.skip("CPU actions are checked by value (a ValueError)")
+    from rl_triton_core import _actions, _dispatch
+
+    monkeypatch.setattr(_dispatch, "_PLANS", {})
+    fused_calls = []
+    real = _actions.fused
+    monkeypatch.setattr(_actions, "fused", lambda *a, **k: fused_calls.append(
+        real(*a, **k)) or fused_calls[-1])
+    dev = impl.device
+    A = {"many_actions": 19}.get(case, 5)
+    shape, td = {"time_major": ((37, 3), 0), "lead_trail": ((2, 21, 3), 1),
+                 "row_tile": ((8, 200), 1)}.get(case, ((3, 45), 1))
+    q = randn(gen, (*shape, A))
+    p = torch.softmax(randn(gen, (*shape, A)), -1)
+    if case == "strided_actions":
+        q = randn(gen, (*shape, 3 * A))[..., ::3]
+    actions = torch.randint(0, A, shape, generator=gen, dtype=torch.int32)
+    if case == "bad_action":
+        actions[1, 30] = A
+    log_mu = torch.log(uniform(gen, shape, 0.05, 1.0))
+    rewards = randn(gen, shape)
+    fshape = shape
+    if case == "broadcast_flags":
+        fshape = (1, shape[1])
+    term, trunc = make_flags(gen, fshape, "random", "bool", torch.float32)
+    kw = dict(gamma=0.93, lmbda=0.85, c_bar=1.3, time_dim=td)
+    notime = shape[:td] + shape[td + 1:] + (A,)
+    if case == "next_given":
+        kw.update(next_q_values=randn(gen, (*shape, A)),
+                  next_target_probs=torch.softmax(randn(gen, (*shape, A)), -1))
+    elif case != "no_boot":
+        kw.update(bootstrap_q_values=randn(gen, notime),
+                  bootstrap_target_probs=torch.softmax(randn(gen, notime), -1))
+    args = [x.to(dev) for x in (q, p, actions, log_mu, rewards, term, trunc)]
+    kw = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    # the fused pass allocates its output: NaN in the block the allocator hands out next
+    torch.full(shape, float("nan"), device=dev)
+    got = lib("retrace_from_actions")(*args, **kw)
+    assert len(fused_calls) == 1 and fused_calls[0] is got  # the fused pass ran
+    tuned(fused_actions=False)
+    two = lib("retrace_from_actions")(*args, **kw)
+    assert got.shape == shape and got.dtype == torch.float32
+    if case == "bad_action":
+        bad = torch.zeros(shape, dtype=torch.bool)
+        bad[1, :31] = True  # step 30's Q_t, and its ratio in the trace of step 29
+        g, w = got.cpu(), two.cpu()
+        assert g[1, 30].isnan() and w[1, 30].isnan()
+        torch.testing.assert_close(g[~bad], w[~bad], rtol=1e-6, atol=1e-6)
+        return
+    torch.testing.assert_close(got.cpu(), two.cpu(), rtol=1e-6, atol=1e-6,
+                               msg=lambda m: f"fused vs two passes [{case}, seed={seed}]: {m}")
+    # the float64 reference on the pieces by torch ops
+    from rl_triton_core import estimators
+    nq, np_ = kw.get("next_q_values"), kw.get("next_target_probs")
+    boot = [] if nq is not None else [
+        kw.get("bootstrap_q_values", torch.zeros(notime)).cpu().double(),
+        kw.get("bootstrap_target_probs", torch.zeros(notime)).cpu().double()]
+    lr, qt, e = estimators._action_pieces(
+        q.double(), p.double(), actions, log_mu.double(),
+        None if nq is None else nq.cpu().double(), None if np_ is None else np_.cpu().double(),
+        boot, td, torch.float64)
+    want = ref("retrace")(lr, rewards.double(), qt, e, term.expand(shape), trunc.expand(shape),
+                          gamma=0.93, lmbda=0.85, c_bar=1.3, time_dim=td)
+    assert_close_to_ref(got, want, torch.float32, f"fused [{case}, {impl.name}, seed={seed}]")
+
+
 def test_action_pieces_out_of_range_action_is_nan(impl, gen):
     """On the Triton backends an action outside [0, A) gives NaN for its step's Q_t and
     log rho (no host check on CUDA, no device assert); the other steps are exact."""
@@ -574,25 +653,30 @@ def test_action_pieces_out_of_range_action_is_nan(impl, gen):
     assert not e.isnan().any()
 
 
+@pytest.mark.parametrize("path", ["fused", "two_pass"])
 @pytest.mark.parametrize("boot", ["given", "none", "next"])
-def test_retrace_from_actions_cached_call(boot, impl, gen, seed, tuned, monkeypatch):
+def test_retrace_from_actions_cached_call(boot, path, impl, gen, seed, tuned, monkeypatch):
     """A repeated retrace_from_actions call (same shapes, strides, dtypes) skips the checks
-    and replays the recorded pass over the actions: on fresh data each call it equals the
-    float64 reference, the plan is recorded once and used after, a CPU action out of
-    range still raises, and inputs needing autograd take the full path."""
+    and replays the recorded launch: the fused pass (pieces and scan in one kernel), or
+    the pass over the actions and then retrace's scan where time is split into segments.
+    On fresh data each call it equals the float64 reference, the plan is recorded once
+    and used after, a CPU action out of range still raises, and inputs needing autograd
+    take the full path."""
     if impl.name == "cpu":
         pytest.skip("the Triton backends' cached call")
     from rl_triton_core import _actions
 
     if impl.name == "interp":
         tuned(cpu_plans=True)
+    if path == "two_pass":
+        tuned(fused_actions=False)
     from rl_triton_core import _dispatch
 
     monkeypatch.setattr(_dispatch, "_PLANS", {})
     calls = []
-    real = _actions._Plan.__call__
-    monkeypatch.setattr(_actions._Plan, "__call__",
-                        lambda self, raw: calls.append(1) or real(self, raw))
+    cls = _actions._FusedPlan if path == "fused" else _actions._Plan
+    real = cls.__call__
+    monkeypatch.setattr(cls, "__call__", lambda self, raw: calls.append(1) or real(self, raw))
     B, T, A, dev = 3, 40, 5, impl.device
 
     def case():
@@ -625,8 +709,9 @@ def test_retrace_from_actions_cached_call(boot, impl, gen, seed, tuned, monkeypa
         args, kw, want = case()
         got = lib("retrace_from_actions")(*args, **kw)
         assert_close_to_ref(got, want, torch.float32, f"trial {trial} [{impl.name}, seed={seed}]")
-    assert len(_dispatch._PLANS) == 2 and len(calls) == 2  # the pass's plan and the scan's
-    assert sum(isinstance(p, _actions._Plan) for p in _dispatch._PLANS.values()) == 1
+    # the fused pass's plan; or the pass's plan and the scan's
+    assert len(_dispatch._PLANS) == (1 if path == "fused" else 2) and len(calls) == 2
+    assert sum(isinstance(p, cls) for p in _dispatch._PLANS.values()) == 1
     args, kw, _ = case()
     if impl.name == "interp":
         args[2][1, 7] = A
