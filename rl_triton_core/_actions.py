@@ -251,15 +251,15 @@ def _taken(P, off, a, A, SA, m):
 
 
 @triton.jit
-def _expectation(Q, PI, qoff, poff, SQA, SPA, A, m, BLOCK_A: tl.constexpr):
-    """sum_a PI[poff + a] Q[qoff + a] of each step where ``m`` (0 elsewhere)."""
+def _expectation(Q, PI, qoff, poff, SQA, SPA, A, m):
+    """sum_a PI[poff + a] Q[qoff + a] of each step where ``m`` (0 elsewhere), one action
+    at a time in the scan's own layout (no [.., A] tile, no layout conversion: the
+    other actions' loads hit the lines the first one brought into L1)."""
     e = tl.zeros(qoff.shape, dtype=tl.float32)
-    for a0 in range(0, A, BLOCK_A):
-        ai = (a0 + tl.arange(0, BLOCK_A)).to(tl.int64)[None, None, :]
-        mm = m[:, :, None] & (ai < A)
-        qq = tl.load(Q + qoff[:, :, None] + ai * SQA, mask=mm, other=0.0).to(tl.float32)
-        pp = tl.load(PI + poff[:, :, None] + ai * SPA, mask=mm, other=0.0).to(tl.float32)
-        e += tl.sum(pp * qq, axis=2)
+    for a in range(0, A):
+        qq = tl.load(Q + qoff + a * SQA, mask=m, other=0.0).to(tl.float32)
+        pp = tl.load(PI + poff + a * SPA, mask=m, other=0.0).to(tl.float32)
+        e += pp * qq
     return e
 
 
@@ -268,8 +268,7 @@ def fused_kernel(OUT, Q, PI, ACT, BLP, NQ, NP, BQ, BP, X, TERM, TRUNC, g, lm, cb
                  S_OUT, S_Q, S_P, S_ACT, S_BLP, S_NQ, S_NP, S_BQ, S_BP, S_X, S_TERM, S_TRUNC,
                  N, N2, T, A, UNIT,
                  HAS_NEXT: tl.constexpr, HAS_BOOT: tl.constexpr, SCALAR_N: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr,
-                 ONE: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, ONE: tl.constexpr):
     """retrace_from_actions in one pass: OUT = Q_t + D_t with
 
         D_t = r_t + gamma (1 - term_t) E_t - Q_t + gamma (1 - done_t) c_{t+1} D_{t+1},
@@ -326,15 +325,15 @@ def fused_kernel(OUT, Q, PI, ACT, BLP, NQ, NP, BQ, BP, X, TERM, TRUNC, g, lm, cb
         if HAS_NEXT:
             e = _expectation(NQ, NP, o1 * S_NQ[0] + o2 * S_NQ[1] + t * S_NQ[2],
                              o1 * S_NP[0] + o2 * S_NP[1] + t * S_NP[2], S_NQ[3], S_NP[3],
-                             A, m, BLOCK_A)
+                             A, m)
         else:
             e = _expectation(Q, PI, q_row + t1 * S_Q[2], p_row + t1 * S_P[2], S_Q[3],
-                             S_P[3], A, mn, BLOCK_A)
+                             S_P[3], A, mn)
             if HAS_BOOT:
                 last = m & (t == T - 1)
                 eb = _expectation(BQ, BP, o1 * S_BQ[0] + o2 * S_BQ[1] + t * 0,
                                   o1 * S_BP[0] + o2 * S_BP[1] + t * 0, S_BQ[2], S_BP[2],
-                                  A, last, BLOCK_A)
+                                  A, last)
                 e = tl.where(last, eb, e)
         alpha = x + tl.where(term != 0, 0.0, g * e) - q
         beta = tl.where(done, 0.0, g * c_next)
@@ -403,7 +402,7 @@ def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
             tuple(s_out), s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp, tuple(s_x),
             tuple(s_term), tuple(s_trunc), N, layout.N2, T, A, 1]
     consts = dict(HAS_NEXT=has_next, HAS_BOOT=has_boot, SCALAR_N=scalar_n, BLOCK_N=block_n,
-                  BLOCK_T=block_t, BLOCK_A=8, ONE=block_t >= T)
+                  BLOCK_T=block_t, ONE=block_t >= T)
     grid = (triton.cdiv(N, block_n), 1)
     kernel = fused_kernel[grid](*args, **consts, num_warps=num_warps)
     if record is not None:

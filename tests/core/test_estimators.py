@@ -573,7 +573,7 @@ def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned
     dev = impl.device
     A = {"many_actions": 19}.get(case, 5)
     shape, td = {"time_major": ((37, 3), 0), "lead_trail": ((2, 21, 3), 1),
-                 "row_tile": ((8, 200), 1)}.get(case, ((3, 45), 1))
+                 "row_tile": ((140, 200), 1)}.get(case, ((3, 45), 1))
     q = randn(gen, (*shape, A))
     p = torch.softmax(randn(gen, (*shape, A)), -1)
     if case == "strided_actions":
@@ -609,9 +609,9 @@ def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned
         bad[1, :31] = True  # step 30's Q_t, and its ratio in the trace of step 29
         g, w = got.cpu(), two.cpu()
         assert g[1, 30].isnan() and w[1, 30].isnan()
-        torch.testing.assert_close(g[~bad], w[~bad], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(g[~bad], w[~bad], rtol=1e-5, atol=1e-5)
         return
-    torch.testing.assert_close(got.cpu(), two.cpu(), rtol=1e-6, atol=1e-6,
+    torch.testing.assert_close(got.cpu(), two.cpu(), rtol=1e-5, atol=1e-5,
                                msg=lambda m: f"fused vs two passes [{case}, seed={seed}]: {m}")
     # the float64 reference on the pieces by torch ops
     from rl_triton_core import estimators
