@@ -251,10 +251,11 @@ def _taken(P, off, a, A, SA, m):
 
 
 @triton.jit
-def _expectation(Q, PI, qoff, poff, SQA, SPA, A, m):
-    """sum_a PI[poff + a] Q[qoff + a] of each step where ``m`` (0 elsewhere), one action
-    at a time in the scan's own layout (no [.., A] tile, no layout conversion: the
-    other actions' loads hit the lines the first one brought into L1)."""
+def _dot_actions(Q, PI, qoff, poff, SQA, SPA, A, m):
+    """sum_a PI[poff + a] Q[qoff + a] where ``m`` (0 elsewhere), one action at a time in
+    the caller's layout (the other actions' loads hit the lines the first brought into
+    L1; a [.., A] tile, or a view with consecutive steps on consecutive lanes, needed
+    layout conversions and measured slower on the H200)."""
     e = tl.zeros(qoff.shape, dtype=tl.float32)
     for a in range(0, A):
         qq = tl.load(Q + qoff + a * SQA, mask=m, other=0.0).to(tl.float32)
@@ -290,6 +291,9 @@ def fused_kernel(OUT, Q, PI, ACT, BLP, NQ, NP, BQ, BP, X, TERM, TRUNC, g, lm, cb
     nm2 = nmask[:, None]
     cols = tl.arange(0, BLOCK_T)[None, :]
     carry = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if HAS_BOOT:  # E_{T-1} of each stream from its bootstrap rows, once: [BLOCK_N, 1]
+        e_boot = _dot_actions(BQ, BP, o1 * S_BQ[0] + o2 * S_BQ[1], o1 * S_BP[0] + o2 * S_BP[1],
+                              S_BQ[2], S_BP[2], A, nm2)
     if ONE:
         n_chunks = 1
     else:
@@ -323,18 +327,14 @@ def fused_kernel(OUT, Q, PI, ACT, BLP, NQ, NP, BQ, BP, X, TERM, TRUNC, g, lm, cb
         c_next = tl.where(t1 < T, lm * tl.minimum(ratio, cb), 0.0)
         # E_t: next_* at t, else rows t + 1 (at T - 1 the bootstrap rows, or 0)
         if HAS_NEXT:
-            e = _expectation(NQ, NP, o1 * S_NQ[0] + o2 * S_NQ[1] + t * S_NQ[2],
+            e = _dot_actions(NQ, NP, o1 * S_NQ[0] + o2 * S_NQ[1] + t * S_NQ[2],
                              o1 * S_NP[0] + o2 * S_NP[1] + t * S_NP[2], S_NQ[3], S_NP[3],
                              A, m)
         else:
-            e = _expectation(Q, PI, q_row + t1 * S_Q[2], p_row + t1 * S_P[2], S_Q[3],
+            e = _dot_actions(Q, PI, q_row + t1 * S_Q[2], p_row + t1 * S_P[2], S_Q[3],
                              S_P[3], A, mn)
             if HAS_BOOT:
-                last = m & (t == T - 1)
-                eb = _expectation(BQ, BP, o1 * S_BQ[0] + o2 * S_BQ[1] + t * 0,
-                                  o1 * S_BP[0] + o2 * S_BP[1] + t * 0, S_BQ[2], S_BP[2],
-                                  A, last)
-                e = tl.where(last, eb, e)
+                e = tl.where(t == T - 1, e_boot, e)
         alpha = x + tl.where(term != 0, 0.0, g * e) - q
         beta = tl.where(done, 0.0, g * c_next)
         alpha = tl.where(m, alpha, 0.0)

@@ -50,8 +50,9 @@ class Tuning:
             element (the plan's choice for tensors under 2**31 elements).
         fused_actions: ``retrace_from_actions`` on the Triton path in one pass (the
             per-action pieces built as the scan's coefficients) where its plan needs
-            no time segments; False (or ``RL_TRITON_CORE_FUSED_ACTIONS=0``): the pass
-            over the actions, then retrace's scan.
+            no time segments (opt-in, ``RL_TRITON_CORE_FUSED_ACTIONS=1``: not yet
+            verified on the GPU at every shape); False: the pass over the actions, then
+            retrace's scan.
     """
 
     cached_launch: bool = os.environ.get("RL_TRITON_CORE_FASTPATH", "1") == "1"
@@ -67,7 +68,7 @@ class Tuning:
     cpu_plans: bool = False
     row_tiles: bool = True
     wide_index: bool = False
-    fused_actions: bool = os.environ.get("RL_TRITON_CORE_FUSED_ACTIONS", "1") == "1"
+    fused_actions: bool = os.environ.get("RL_TRITON_CORE_FUSED_ACTIONS", "0") == "1"
 
     def __post_init__(self):
         w = self.look_window

@@ -551,7 +551,7 @@ def test_action_pieces_kernel_equals_torch_ops(case, impl, gen, seed):
 
 @pytest.mark.parametrize("case", ["batch_major", "time_major", "lead_trail", "strided_actions",
                                   "next_given", "no_boot", "many_actions", "row_tile",
-                                  "broadcast_flags", "bad_action"])
+                                  "long_row", "broadcast_flags", "bad_action"])
 def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned, monkeypatch):
     """retrace_from_actions in one fused pass (the pieces built as the scan's
     coefficients) against the float64 reference and against the pass over the actions
@@ -563,17 +563,21 @@ def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned
         pytest.skip("the Triton backends' pass")
     if case == "bad_action" and impl.device.type != "cuda":
         pytest.skip("CPU actions are checked by value (a ValueError)")
+    if case == "long_row" and impl.device.type != "cuda":
+        pytest.skip("16 warps of 4096-step rows: minutes in the interpreter")
     from rl_triton_core import _actions, _dispatch
 
+    tuned(fused_actions=True)
     monkeypatch.setattr(_dispatch, "_PLANS", {})
     fused_calls = []
     real = _actions.fused
     monkeypatch.setattr(_actions, "fused", lambda *a, **k: fused_calls.append(
         real(*a, **k)) or fused_calls[-1])
     dev = impl.device
-    A = {"many_actions": 19}.get(case, 5)
+    A = {"many_actions": 19, "long_row": 3}.get(case, 5)
     shape, td = {"time_major": ((37, 3), 0), "lead_trail": ((2, 21, 3), 1),
-                 "row_tile": ((140, 200), 1)}.get(case, ((3, 45), 1))
+                 "row_tile": ((140, 200), 1), "long_row": ((140, 4096), 1)}.get(
+                     case, ((3, 45), 1))
     q = randn(gen, (*shape, A))
     p = torch.softmax(randn(gen, (*shape, A)), -1)
     if case == "strided_actions":
@@ -668,8 +672,7 @@ def test_retrace_from_actions_cached_call(boot, path, impl, gen, seed, tuned, mo
 
     if impl.name == "interp":
         tuned(cpu_plans=True)
-    if path == "two_pass":
-        tuned(fused_actions=False)
+    tuned(fused_actions=path == "fused")
     from rl_triton_core import _dispatch
 
     monkeypatch.setattr(_dispatch, "_PLANS", {})
