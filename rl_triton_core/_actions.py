@@ -122,6 +122,30 @@ def _strides3(layout: Layout, t: torch.Tensor, action_axis: bool):
     return t, (s1, s2, st, t.stride(-1)) if action_axis else (s1, s2, st)
 
 
+def _views(layout: Layout, raw: tuple):
+    """The per-action inputs of ``raw`` (``RAW`` order) as the kernels address them:
+    (tensors, strides, has_next, has_boot); next_* or the bootstrap rows absent: None."""
+    q_values, target_probs, actions, blp_in, next_q, next_p, boot_q, boot_p = raw[:8]
+    A = q_values.shape[-1]
+    q, s_q = _strides3(layout, q_values, True)
+    p, s_p = _strides3(layout, target_probs, True)
+    act, s_act = _strides3(layout, actions, False)
+    blp, s_blp = _strides3(layout, blp_in, False)
+    has_next = next_q is not None
+    has_boot = not has_next and boot_q is not None
+    nq = np_ = bq = bp = None
+    s_nq = s_np = (0, 0, 0, 0)
+    s_bq = s_bp = (0, 0, 0)
+    if has_next:
+        nq, s_nq = _strides3(layout, next_q, True)
+        np_, s_np = _strides3(layout, next_p, True)
+    elif has_boot:
+        notime = layout.lead + layout.trail + (A,)
+        (bq, s_bq), (bp, s_bp) = (_notime(layout, b.expand(notime)) for b in (boot_q, boot_p))
+    return ((q, p, act, blp, nq, np_, bq, bp), (s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp),
+            has_next, has_boot)
+
+
 # the arguments of a call, as pieces() and its recorded plan take them
 RAW = ("q_values", "target_probs", "actions", "behaviour_log_probs", "next_q_values",
        "next_target_probs", "bootstrap_q_values", "bootstrap_target_probs", "like")
@@ -144,22 +168,9 @@ def pieces(layout: Layout, raw: tuple, record=None):
     N, T = layout.N, layout.T
     if N == 0 or T == 0:
         return lr, qt, e
-    q, s_q = _strides3(layout, q_values, True)
-    p, s_p = _strides3(layout, target_probs, True)
-    act, s_act = _strides3(layout, actions, False)
-    blp, s_blp = _strides3(layout, blp_in, False)
+    (q, p, act, blp, nq, np_, bq, bp), (s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp), \
+        has_next, has_boot = _views(layout, raw)
     _, *s_out = layout.view3(lr)
-    has_next = next_q is not None
-    has_boot = not has_next and boot_q is not None
-    nq = np_ = bq = bp = None
-    s_nq = s_np = (0, 0, 0, 0)
-    s_bq = s_bp = (0, 0, 0)
-    if has_next:
-        nq, s_nq = _strides3(layout, next_q, True)
-        np_, s_np = _strides3(layout, next_p, True)
-    elif has_boot:
-        notime = layout.lead + layout.trail + (A,)
-        (bq, s_bq), (bp, s_bp) = (_notime(layout, b.expand(notime)) for b in (boot_q, boot_p))
     # a tile of BLOCK steps, as long along the contiguous axis as that axis allows
     time_fast = s_out[2] == 1 or T == 1
     fast, slow = (T, N) if time_fast else (N, T)
@@ -382,21 +393,8 @@ def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
     if S > 1 or triton.cdiv(N, block_n) >= 2**31:
         return None
     A = q_values.shape[-1]
-    q, s_q = _strides3(layout, q_values, True)
-    p, s_p = _strides3(layout, target_probs, True)
-    act, s_act = _strides3(layout, actions, False)
-    blp, s_blp = _strides3(layout, blp_in, False)
-    has_next = next_q is not None
-    has_boot = not has_next and boot_q is not None
-    nq = np_ = bq = bp = None
-    s_nq = s_np = (0, 0, 0, 0)
-    s_bq = s_bp = (0, 0, 0)
-    if has_next:
-        nq, s_nq = _strides3(layout, next_q, True)
-        np_, s_np = _strides3(layout, next_p, True)
-    elif has_boot:
-        notime = layout.lead + layout.trail + (A,)
-        (bq, s_bq), (bp, s_bp) = (_notime(layout, b.expand(notime)) for b in (boot_q, boot_p))
+    (q, p, act, blp, nq, np_, bq, bp), (s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp), \
+        has_next, has_boot = _views(layout, raw)
     args = [out, q, p, act, blp, nq, np_, bq, bp, x, term, trunc,
             coefs["g"][0], coefs["lm"][0], coefs["cb"][0],
             tuple(s_out), s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp, tuple(s_x),
