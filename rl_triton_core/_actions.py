@@ -364,6 +364,22 @@ _FUSED_TENSORS = 11  # the kernel's arguments 1..11 are RAW_FUSED's first eleven
 _FUSED_NUMBERS = ((12, 11, 1.0), (13, 12, 1.0), (14, 13, float("inf")))  # (arg, raw, max)
 
 
+def _fused_pays(N, T, block_n, block_t, S, num_warps, time_contiguous, tune) -> bool:
+    """Whether the fused pass takes this plan. Never where time is split into segments
+    (S > 1) or a tile holds more than 4 steps a thread: whole rows of 2048-4096 steps
+    (16 warps, 8 steps a thread) gave wrong targets on the H200 with int64 actions
+    (triton 3.6; int32 actions were right), and the two passes were faster there
+    (docs/notes.md, 60-61). Where ``Tuning.fused_actions`` is None (the default), only
+    where it measured faster than the two passes on the H200: batch-major rows of
+    128-1024 steps (4096x128, 512x128, 256x1024, 16384x512; at 16-32 steps a row
+    and above 1024 the two passes won)."""
+    if tune.fused_actions is False or S > 1 or triton.cdiv(N, block_n) >= 2**31:
+        return False
+    if block_n * block_t > 4 * 32 * num_warps:
+        return False
+    return tune.fused_actions is True or (time_contiguous and 128 <= T <= 1024)
+
+
 def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
     """retrace_from_actions' targets in one launch (``fused_kernel``), float32 (None
     where the two-pass path applies: per-step coefficient tensors, or a plan that
@@ -371,7 +387,7 @@ def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
     trunc; g, lm, cb); ``raw``: the arguments named by ``RAW_FUSED``. ``record``: the
     cache key under which to keep this launch."""
     tune = _config.current_tuning()
-    if not tune.fused_actions or any(coefs[s][1] is not None for s in ("g", "lm", "cb")):
+    if tune.fused_actions is False or any(coefs[s][1] is not None for s in ("g", "lm", "cb")):
         return None
     q_values, target_probs, actions, blp_in, next_q, next_p, boot_q, boot_p, rewards = raw[:9]
     N, T = layout.N, layout.T
@@ -390,7 +406,7 @@ def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
     time_contiguous = s_x[2] == 1 or T == 1
     block_n, block_t, _, S, num_warps, scalar_n, _ = _launch.plan(
         N, T, time_contiguous, rewards.device, _table.MODE_RETRACE, 4, tune)
-    if S > 1 or triton.cdiv(N, block_n) >= 2**31:
+    if not _fused_pays(N, T, block_n, block_t, S, num_warps, time_contiguous, tune):
         return None
     A = q_values.shape[-1]
     (q, p, act, blp, nq, np_, bq, bp), (s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp), \

@@ -49,10 +49,11 @@ class Tuning:
         wide_index: tests: int64 element offsets even where int32 ones reach every
             element (the plan's choice for tensors under 2**31 elements).
         fused_actions: ``retrace_from_actions`` on the Triton path in one pass (the
-            per-action pieces built as the scan's coefficients) where its plan needs
-            no time segments (opt-in, ``RL_TRITON_CORE_FUSED_ACTIONS=1``: not yet
-            verified on the GPU at every shape); False: the pass over the actions, then
-            retrace's scan.
+            per-action pieces built as the scan's coefficients): None (default) where
+            it measured faster than two passes (batch-major rows of 128-1024 steps);
+            True wherever its plan allows (no time segments, at most 4 steps a thread;
+            ``RL_TRITON_CORE_FUSED_ACTIONS=1``); False (``=0``): the pass over the
+            actions, then retrace's scan.
     """
 
     cached_launch: bool = os.environ.get("RL_TRITON_CORE_FASTPATH", "1") == "1"
@@ -68,7 +69,8 @@ class Tuning:
     cpu_plans: bool = False
     row_tiles: bool = True
     wide_index: bool = False
-    fused_actions: bool = os.environ.get("RL_TRITON_CORE_FUSED_ACTIONS", "0") == "1"
+    fused_actions: bool | None = {"1": True, "0": False}.get(
+        os.environ.get("RL_TRITON_CORE_FUSED_ACTIONS", ""))
 
     def __post_init__(self):
         w = self.look_window

@@ -582,7 +582,9 @@ def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned
     p = torch.softmax(randn(gen, (*shape, A)), -1)
     if case == "strided_actions":
         q = randn(gen, (*shape, 3 * A))[..., ::3]
-    actions = torch.randint(0, A, shape, generator=gen, dtype=torch.int32)
+    # int64 actions where whole rows of 2048+ steps once gave wrong targets on the H200
+    adt = torch.int64 if case in ("long_row", "row_tile", "many_actions") else torch.int32
+    actions = torch.randint(0, A, shape, generator=gen, dtype=adt)
     if case == "bad_action":
         actions[1, 30] = A
     log_mu = torch.log(uniform(gen, shape, 0.05, 1.0))
@@ -604,7 +606,10 @@ def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned
     # the fused pass allocates its output: NaN in the block the allocator hands out next
     torch.full(shape, float("nan"), device=dev)
     got = lib("retrace_from_actions")(*args, **kw)
-    assert len(fused_calls) == 1 and fused_calls[0] is got  # the fused pass ran
+    if case == "long_row":  # 8 steps a thread: the fused pass declines, two passes run
+        assert fused_calls == [None]
+    else:
+        assert len(fused_calls) == 1 and fused_calls[0] is got  # the fused pass ran
     tuned(fused_actions=False)
     two = lib("retrace_from_actions")(*args, **kw)
     assert got.shape == shape and got.dtype == torch.float32
@@ -630,6 +635,28 @@ def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned
     want = ref("retrace")(lr, rewards.double(), qt, e, term.expand(shape), trunc.expand(shape),
                           gamma=0.93, lmbda=0.85, c_bar=1.3, time_dim=td)
     assert_close_to_ref(got, want, torch.float32, f"fused [{case}, {impl.name}, seed={seed}]")
+
+
+def test_fused_pass_rule():
+    """The fused pass takes a plan only without time segments and with at most 4 steps a
+    thread; by default only batch-major rows of 128-1024 steps (where it measured
+    faster on the H200), wherever allowed when forced on, never when off."""
+    from rl_triton_core import _actions
+    from rl_triton_core._config import Tuning
+
+    pays = _actions._fused_pays
+    default, on, off = Tuning(fused_actions=None), Tuning(fused_actions=True), Tuning(
+        fused_actions=False)
+    assert pays(4096, 128, 4, 128, 1, 4, True, default)
+    assert pays(256, 1024, 1, 1024, 1, 8, True, default)
+    assert not pays(512, 4096, 1, 4096, 1, 16, True, default)  # 8 steps a thread
+    assert not pays(512, 4096, 1, 4096, 1, 16, True, on)
+    assert not pays(16, 131072, 1, 128, 16, 4, True, on)  # time segments
+    assert not pays(32768, 32, 16, 32, 1, 4, True, default)  # short rows: two passes
+    assert pays(32768, 32, 16, 32, 1, 4, True, on)
+    assert not pays(4096, 128, 16, 16, 1, 4, False, default)  # time-major
+    assert pays(4096, 128, 4, 128, 1, 4, True, on)
+    assert not pays(4096, 128, 4, 128, 1, 4, True, off)
 
 
 def test_action_pieces_out_of_range_action_is_nan(impl, gen):
