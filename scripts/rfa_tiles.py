@@ -9,6 +9,7 @@ replay, the harness's timer); rounds are interleaved and the median is reported.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 
 import torch
@@ -60,9 +61,8 @@ def main():
         tr = torch.rand(N, T, device="cuda", generator=g) < 0.01
         bq = torch.randn(N, A, device="cuda", generator=g)
         bp = torch.softmax(torch.randn(N, A, device="cuda", generator=g), -1)
-        def fn():
-            return rc.retrace_from_actions(q, pr, act, lmu, r, te, tr, bootstrap_q_values=bq,
-                                           bootstrap_target_probs=bp, time_dim=-1)
+        fn = functools.partial(rc.retrace_from_actions, q, pr, act, lmu, r, te, tr,
+                               bootstrap_q_values=bq, bootstrap_target_probs=bp, time_dim=-1)
         base = _config.current_tuning()
         confs = [("two", base.replace(fused_actions=False)),
                  ("plan", base.replace(fused_actions=True))]
