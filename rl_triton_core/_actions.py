@@ -364,6 +364,25 @@ _FUSED_TENSORS = 11  # the kernel's arguments 1..11 are RAW_FUSED's first eleven
 _FUSED_NUMBERS = ((12, 11, 1.0), (13, 12, 1.0), (14, 13, float("inf")))  # (arg, raw, max)
 
 
+def _fused_tile(T: int) -> tuple:
+    """(BLOCK_N, BLOCK_T, num_warps) of the fused pass on batch-major rows: the whole row
+    in one chunk, one row a program from 64 steps (2 and 4 rows of 32 and 16 steps), one
+    step a thread for rows of 64-512 steps, two for shorter rows, four at 1024 steps: the
+    per-action loads of a warp then span few rows, and many small programs hide their
+    latency. Measured on the H200 (A = 6, device time, ``scripts/rfa_tiles.py``,
+    docs/notes.md item 62): 512x128 4.4 -> 3.2 µs, 4096x128 15.4 -> 10.6, 32768x32
+    51.9 -> 25.9, 16384x16 18.6 -> 6.9, 16384x512 211 -> 173 against the scan's tiles."""
+    tp = max(16, triton.next_power_of_2(max(T, 1)))
+    block_n = max(1, 64 // tp)
+    if tp <= 32:
+        ept = 2
+    elif tp <= 512:
+        ept = 1
+    else:
+        ept = 4
+    return block_n, tp, max(1, min(16, block_n * tp // (32 * ept)))
+
+
 def _fused_pays(N, T, block_n, block_t, S, num_warps, time_contiguous, tune) -> bool:
     """Whether the fused pass takes this plan. Never where time is split into segments
     (S > 1) or a tile holds more than 4 steps a thread: whole rows of 2048-4096 steps
@@ -371,13 +390,12 @@ def _fused_pays(N, T, block_n, block_t, S, num_warps, time_contiguous, tune) -> 
     (triton 3.6; int32 actions were right), and the two passes were faster there
     (docs/notes.md, 60-61). Where ``Tuning.fused_actions`` is None (the default), only
     where it measured faster than the two passes on the H200: batch-major rows of
-    128-1024 steps (4096x128, 512x128, 256x1024, 16384x512; at 16-32 steps a row
-    and above 1024 the two passes won)."""
+    16-1024 steps with ``_fused_tile``'s tiles (above 1024 steps the two passes won)."""
     if tune.fused_actions is False or S > 1 or triton.cdiv(N, block_n) >= 2**31:
         return False
     if block_n * block_t > 4 * 32 * num_warps:
         return False
-    return tune.fused_actions is True or (time_contiguous and 128 <= T <= 1024)
+    return tune.fused_actions is True or (time_contiguous and 16 <= T <= 1024)
 
 
 def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
@@ -406,6 +424,8 @@ def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
     time_contiguous = s_x[2] == 1 or T == 1
     block_n, block_t, _, S, num_warps, scalar_n, _ = _launch.plan(
         N, T, time_contiguous, rewards.device, _table.MODE_RETRACE, 4, tune)
+    if time_contiguous and tune.tile is None and T <= 1024:
+        block_n, block_t, num_warps = _fused_tile(T)
     if not _fused_pays(N, T, block_n, block_t, S, num_warps, time_contiguous, tune):
         return None
     A = q_values.shape[-1]

@@ -639,8 +639,9 @@ def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned
 
 def test_fused_pass_rule():
     """The fused pass takes a plan only without time segments and with at most 4 steps a
-    thread; by default only batch-major rows of 128-1024 steps (where it measured
-    faster on the H200), wherever allowed when forced on, never when off."""
+    thread; by default only batch-major rows of 16-1024 steps (where it measured
+    faster on the H200), wherever allowed when forced on, never when off; its own tiles
+    hold at most 4 steps a thread."""
     from rl_triton_core import _actions
     from rl_triton_core._config import Tuning
 
@@ -652,11 +653,16 @@ def test_fused_pass_rule():
     assert not pays(512, 4096, 1, 4096, 1, 16, True, default)  # 8 steps a thread
     assert not pays(512, 4096, 1, 4096, 1, 16, True, on)
     assert not pays(16, 131072, 1, 128, 16, 4, True, on)  # time segments
-    assert not pays(32768, 32, 16, 32, 1, 4, True, default)  # short rows: two passes
-    assert pays(32768, 32, 16, 32, 1, 4, True, on)
+    assert pays(32768, 32, *_actions._fused_tile(32)[:2], 1, 1, True, default)
+    assert not pays(32768, 8, 4, 16, 1, 1, True, default)  # under 16 steps: two passes
+    assert pays(32768, 8, 4, 16, 1, 1, True, on)
+    assert not pays(1024, 2048, 1, 2048, 1, 16, True, default)  # long rows: two passes
     assert not pays(4096, 128, 16, 16, 1, 4, False, default)  # time-major
     assert pays(4096, 128, 4, 128, 1, 4, True, on)
     assert not pays(4096, 128, 4, 128, 1, 4, True, off)
+    for T in (1, 16, 32, 45, 128, 200, 512, 1000, 1024):
+        bn, bt, w = _actions._fused_tile(T)
+        assert bt >= T and bn * bt <= 4 * 32 * w and 1 <= w <= 16
 
 
 def test_action_pieces_out_of_range_action_is_nan(impl, gen):
