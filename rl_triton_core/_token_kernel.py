@@ -395,6 +395,12 @@ def config(n_rows: int, n_tokens: int) -> tuple[int, int]:
     return bt, max(1, min(warps, bt // 128))
 
 
+def whiten_tile(n_rows: int, numel: int) -> tuple[int, int, int]:
+    """(programs per SM at most, BLOCK, num_warps) of the whitening pass (a sweep
+    replaces this function)."""
+    return 16, 1024, 4
+
+
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     """Launch the scan (and the whitening) on ``[R, P]`` views; outputs ``[R, P]``
     contiguous. ``how``: None or (count_eps, eps, unbiased, shift, fill)."""
@@ -427,16 +433,16 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     fill = how[4]
     x = whiten_src if mode == MODE_STATS else out0
     numel = out0.numel()
-    block = 1024
+    per_sm, block, w_warps = whiten_tile(n_rows, numel)
     flat = x.is_contiguous() and (fill is None or m.is_contiguous())
     t_blocks = triton.cdiv(n_tok, block)
     n_blocks = triton.cdiv(numel, block) if flat else out0.shape[0] * t_blocks
     ce = _hilo(how[0] if whiten else 0.0)
     ep = _hilo(how[1] if whiten else 0.0)
-    whiten_kernel[(max(1, min(n_blocks, 16 * _sm_count(device))),)](
+    whiten_kernel[(max(1, min(n_blocks, per_sm * _sm_count(device))),)](
         x, m, out0, ws, n_rows, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok, numel,
         n_blocks, t_blocks, 0.0 if fill is None else fill, *ce, *ep, NORM=whiten,
         SHIFT=bool(how[3]), FILL=fill is not None, FLAT=flat,
         UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BLOCK=block,
         RB=max(128, min(2048, triton.next_power_of_2(n_rows))),
-        num_warps=4)
+        num_warps=w_warps)
