@@ -398,6 +398,15 @@ def _fused_pays(N, T, block_n, block_t, S, num_warps, time_contiguous, tune) -> 
     return tune.fused_actions is True or (time_contiguous and 16 <= T <= 1024)
 
 
+def _targets(layout: Layout, rewards: torch.Tensor):
+    """(fresh float32 targets laid out like ``rewards`` where the layout can address
+    them, else contiguous; whether they are like ``rewards``)."""
+    out = torch.empty_like(rewards, dtype=torch.float32)
+    if layout.mergeable(out):
+        return out, True
+    return torch.empty(layout.shape, dtype=torch.float32, device=rewards.device), False
+
+
 def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
     """retrace_from_actions' targets in one launch (``fused_kernel``), float32 (None
     where the two-pass path applies: per-step coefficient tensors, or a plan that
@@ -409,13 +418,8 @@ def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
         return None
     q_values, target_probs, actions, blp_in, next_q, next_p, boot_q, boot_p, rewards = raw[:9]
     N, T = layout.N, layout.T
-    out = torch.empty_like(rewards, dtype=torch.float32)
-    like_ok = layout.mergeable(out)
-    if not like_ok:
-        out = torch.empty(layout.shape, dtype=torch.float32, device=rewards.device)
     if N == 0 or T == 0:
-        return out
-    _, *s_out = layout.view3(out)
+        return _targets(layout, rewards)[0]
     x, *s_x = layout.view3(ins["x"])
     term, *s_term = layout.view3(ins["term"])
     trunc, s_trunc = None, (0, 0, 0)
@@ -427,7 +431,9 @@ def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
     if time_contiguous and tune.tile is None and T <= 1024:
         block_n, block_t, num_warps = _fused_tile(T)
     if not _fused_pays(N, T, block_n, block_t, S, num_warps, time_contiguous, tune):
-        return None
+        return None  # decided before the targets are allocated: nothing wasted
+    out, like_ok = _targets(layout, rewards)
+    _, *s_out = layout.view3(out)
     A = q_values.shape[-1]
     (q, p, act, blp, nq, np_, bq, bp), (s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp), \
         has_next, has_boot = _views(layout, raw)

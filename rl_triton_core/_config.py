@@ -50,7 +50,7 @@ class Tuning:
             element (the plan's choice for tensors under 2**31 elements).
         fused_actions: ``retrace_from_actions`` on the Triton path in one pass (the
             per-action pieces built as the scan's coefficients): None (default) where
-            it measured faster than two passes (batch-major rows of 128-1024 steps);
+            it measured faster than two passes (batch-major rows of 16-1024 steps);
             True wherever its plan allows (no time segments, at most 4 steps a thread;
             ``RL_TRITON_CORE_FUSED_ACTIONS=1``); False (``=0``): the pass over the
             actions, then retrace's scan.

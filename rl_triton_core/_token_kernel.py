@@ -395,10 +395,9 @@ def config(n_rows: int, n_tokens: int) -> tuple[int, int]:
     return bt, max(1, min(warps, bt // 128))
 
 
-def whiten_tile(n_rows: int, numel: int) -> tuple[int, int, int]:
-    """(programs per SM at most, BLOCK, num_warps) of the whitening pass (a sweep
-    replaces this function)."""
-    return 16, 1024, 4
+# (programs per SM at most, BLOCK, num_warps) of the whitening pass: swept on the H200
+# (scripts/token_sweep.py --whiten-tiles, docs/notes.md item 63), no setting faster
+WHITEN_TILE = (16, 1024, 4)
 
 
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
@@ -433,7 +432,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     fill = how[4]
     x = whiten_src if mode == MODE_STATS else out0
     numel = out0.numel()
-    per_sm, block, w_warps = whiten_tile(n_rows, numel)
+    per_sm, block, w_warps = WHITEN_TILE
     flat = x.is_contiguous() and (fill is None or m.is_contiguous())
     t_blocks = triton.cdiv(n_tok, block)
     n_blocks = triton.cdiv(numel, block) if flat else out0.shape[0] * t_blocks

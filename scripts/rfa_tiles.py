@@ -14,17 +14,10 @@ import statistics
 
 import torch
 import triton
+from tile_sweep import graph_us  # scripts/ is on the path when run as a script
 
 import rl_triton_core as rc
 from rl_triton_core import _config
-from rl_triton_core.bench.harness import Timer
-
-_TIMER = Timer("cuda", target_ms=5.0)
-
-
-def graph_us(fn):
-    est = _TIMER._b2b(fn, 10)
-    return _TIMER._graph(fn, est)
 
 
 def tiles_for(T):
