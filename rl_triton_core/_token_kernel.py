@@ -9,15 +9,17 @@ semantics are two coupled recurrences, scanned together as one affine map of the
     A_t  = m_t (r_t - V_t) + m_t gamma nv_{t+1} + (m_t gamma lambda + 1 - m_t) A_{t+1}
     nv_t = m_t V_t + (1 - m_t) nv_{t+1}
 
-The maps compose associatively (5 numbers each). A chunk is rows of 4 tokens, one row
-per thread: each thread composes its row's maps in registers, and one forward
-``tl.associative_scan`` over the rows joins them (see the loop's comment for why not a
-reverse scan).
+The maps compose associatively (5 numbers each). A chunk is rows of 4K consecutive
+tokens, one row per thread (K sub-rows of 4, each a vectorised load): each thread
+composes its row's maps in registers, one forward ``tl.associative_scan`` over the rows
+joins them (see :func:`_chunk` for why not a reverse scan), and each thread then runs
+the recurrence itself over its row from the state entering it.
 
 Whitening needs the mean and variance over every valid token of the batch: each
-program keeps its response's (count, mean, M2) (per row of 4 tokens, combined by Chan et al.'s
-pairwise update at its end); :func:`whiten_kernel`'s programs each combine them in
-the same fixed order, then normalise in place. No host sync, no atomics.
+program keeps its response's (count, mean, M2) (from sums shifted by one value near the
+data); :func:`whiten_kernel`'s programs each combine them in the same fixed order
+(the mean first, then the spread about it), then normalise in place. No host sync, no
+atomics.
 """
 
 from __future__ import annotations
@@ -27,17 +29,16 @@ import triton.language as tl
 
 from rl_triton_core._launch import _sm_count
 
+try:  # programmatic dependent launch (sm_90 and later; triton >= 3.4)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover
+    gdc_launch_dependents = gdc_wait = None
+
 MODE_GAE_SKIP = tl.constexpr(0)  # verl: advantages and next values carried over masked tokens
 MODE_GAE_MUL = tl.constexpr(1)  # OpenRLHF: rewards and values multiplied by the mask
 MODE_RET_SKIP = tl.constexpr(2)  # verl REINFORCE++: masked tokens carry the return, output 0
 MODE_RET_MUL = tl.constexpr(3)  # OpenRLHF: rewards multiplied by the mask
 MODE_STATS = tl.constexpr(4)  # whitening statistics of x only
-
-
-@triton.jit
-def _combine(a1, b1, a2, b2):
-    # (a1, b1) is applied first, then (a2, b2): h -> a2 + b2 * (a1 + b1 * h)
-    return a2 + b2 * a1, b1 * b2
 
 
 @triton.jit
@@ -56,12 +57,19 @@ def _cols(x):
 
 
 @triton.jit
+def _uncols(c0, c1, c2, c3):
+    """The [RW, 4] tensor of four columns (the inverse of :func:`_cols`, no shuffles)."""
+    return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), [c0.shape[0], 4])
+
+
+@triton.jit
 def _loads(R, V, M, t, ok, srt, svt, smt, MODE: tl.constexpr, FP64: tl.constexpr):
-    """(mask, reward or x, value) at tokens t (0 where not loaded): rewards are read at
-    valid tokens only, values at every token of the row (verl and OpenRLHF use the
-    value at masked tokens too)."""
+    """(mask, reward or x, value) at tokens t (0 where not loaded; loaded under ``ok``,
+    so the loads vectorise): rewards count at valid tokens only (:func:`_step` selects
+    them), values at every token of the row (verl and OpenRLHF use the value at masked
+    tokens too)."""
     m = _valid(M, t * smt, ok)
-    r = _ld(R, t * srt, m, FP64)
+    r = _ld(R, t * srt, ok, FP64)
     if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
         v = _ld(V, t * svt, ok, FP64)
     else:
@@ -70,77 +78,102 @@ def _loads(R, V, M, t, ok, srt, svt, smt, MODE: tl.constexpr, FP64: tl.constexpr
 
 
 @triton.jit
-def _coefs(m, r, v, ok, g, gl, zero, MODE: tl.constexpr):
-    """(p, q, x, y, z): the map (A, n) -> (x A + y n + p, z n + q) of each token, the
-    identity where not ``ok``; n is the next valid value (verl), the next masked value
-    (OpenRLHF), or unused (returns, statistics)."""
-    one = zero + 1.0
-    if MODE == MODE_STATS:
-        return zero, zero, one, zero, one
-    if MODE == MODE_RET_SKIP:
-        return tl.where(m, r, 0.0), zero, tl.where(m, g + zero, 1.0), zero, one
-    if MODE == MODE_RET_MUL:
-        return tl.where(m, r, 0.0), zero, tl.where(ok, g + zero, 1.0), zero, one
-    p = tl.where(m, r - v, 0.0)
-    q = tl.where(m, v, 0.0)
+def _step(m, r, v, ok, a, n, g, gl, MODE: tl.constexpr):
+    """One token's step of the state (A, n) from the one after it: the estimator's whole
+    definition in the kernel (n: the next valid value (verl), the next masked value
+    (OpenRLHF), unused for returns). Masked tokens: ``m`` False; past the row's end:
+    ``ok`` False (the state passes through)."""
     if MODE == MODE_GAE_SKIP:
-        return (p, q, tl.where(m, gl + zero, 1.0), tl.where(m, g + zero, 0.0),
-                tl.where(m, zero, 1.0))
-    return (p, q, tl.where(ok, gl + zero, 1.0), tl.where(ok, g + zero, 0.0),
-            tl.where(ok, zero, 1.0))
+        return tl.where(m, (r - v) + g * n + gl * a, a), tl.where(m, v, n)
+    if MODE == MODE_GAE_MUL:
+        return (tl.where(ok, tl.where(m, r - v, 0.0) + g * n + gl * a, a),
+                tl.where(ok, tl.where(m, v, 0.0), n))
+    if MODE == MODE_RET_SKIP:
+        return tl.where(m, r + g * a, a), n
+    return tl.where(ok, tl.where(m, r, 0.0) + g * a, a), n  # MODE_RET_MUL
 
 
 @triton.jit
-def _suffixes(p, q, x, y, z):
-    """The maps of a row of 4 tokens from each token to the row's end (token 3 applied
-    first), sequentially in the thread: ((p, q, x, y, z) of tokens 0..3)."""
-    p0, p1, p2, p3 = _cols(p)
-    q0, q1, q2, q3 = _cols(q)
-    x0, x1, x2, x3 = _cols(x)
-    y0, y1, y2, y3 = _cols(y)
-    z0, z1, z2, z3 = _cols(z)
-    s2 = _combine2(p3, q3, x3, y3, z3, p2, q2, x2, y2, z2)
-    s1 = _combine2(s2[0], s2[1], s2[2], s2[3], s2[4], p1, q1, x1, y1, z1)
-    s0 = _combine2(s1[0], s1[1], s1[2], s1[3], s1[4], p0, q0, x0, y0, z0)
-    return s0, s1, s2, (p3, q3, x3, y3, z3)
+def _compose(w, m, r, v, ok, g, gl, MODE: tl.constexpr):
+    """The map w (A, n) -> (x A + y n + p, z n + q), then one token's step: the step is
+    affine in (A, n), so it maps w's constant terms with its own constants, and w's
+    coefficients of A and of n without them."""
+    o = tl.zeros_like(w[0])
+    p, q = _step(m, r, v, ok, w[0], w[1], g, gl, MODE)
+    x, _ = _step(m, o, o, ok, w[2], o, g, gl, MODE)
+    y, z = _step(m, o, o, ok, w[3], w[4], g, gl, MODE)
+    return p, q, x, y, z
 
 
 @triton.jit
-def _chunk(m, r, v, ok, carry, carry_nv, g, gl, zero, MODE: tl.constexpr):
-    """The states of a chunk's tokens (RW rows of 4, row 0 the latest) given the state
-    (carry, carry_nv) after the later tokens, and the state after the whole chunk.
-    Each thread composes its row's maps in registers (token 3 first); a FORWARD scan
-    over the rows gives the state after every row, and the state entering row i is the
-    one after row i - 1, moved one lane by a gather. (A reverse tl.associative_scan
-    flips every operand through five warp shuffles per element: shuffle throughput
-    bound the kernel.)"""
+def _chunk(ms, rs, vs, oks, carry, carry_nv, g, gl, zero, MODE: tl.constexpr,
+           K: tl.constexpr):
+    """The states of a chunk's tokens given the state (carry, carry_nv) after the later
+    tokens, and the state after the whole chunk. The chunk is RW rows (row 0 the latest)
+    of K sub-rows of 4 tokens (sub-row 0 the latest), the K-tuples ``ms, rs, vs, oks``
+    of [RW, 4] tensors; one row per thread. Each thread composes its row's steps into
+    one map in registers, a FORWARD scan over the rows gives the state after every row,
+    and the state entering row i is the one after row i - 1, moved one lane by a gather;
+    each thread then runs the steps over its row from there. (A reverse
+    tl.associative_scan flips every operand through five warp shuffles per element:
+    shuffle throughput bound an earlier version.) Returns the K-tuple of [RW, 4] states
+    and the carries."""
     RW: tl.constexpr = zero.shape[0]
     lane = tl.arange(0, RW)
-    j = tl.arange(0, 4)[None, :]
-    p, q, x, y, zz = _coefs(m, r, v, ok, g, gl, zero, MODE)
-    w0, w1, w2, w3 = _suffixes(p, q, x, y, zz)
-    pr, qr, xr, yr, zr = tl.associative_scan(w0, 0, _combine2)
+    z1 = tl.zeros([RW], zero.dtype)
+    w = (z1, z1, z1 + 1.0, z1, z1 + 1.0)  # the identity map
+    for k in tl.static_range(K):
+        m0, m1, m2, m3 = _cols(ms[k])
+        r0, r1, r2, r3 = _cols(rs[k])
+        v0, v1, v2, v3 = _cols(vs[k])
+        o0, o1, o2, o3 = _cols(oks[k])
+        w = _compose(w, m3, r3, v3, o3, g, gl, MODE)
+        w = _compose(w, m2, r2, v2, o2, g, gl, MODE)
+        w = _compose(w, m1, r1, v1, o1, g, gl, MODE)
+        w = _compose(w, m0, r0, v0, o0, g, gl, MODE)
+    pr, qr, xr, yr, zr = tl.associative_scan(w, 0, _combine2)
     oa = pr + xr * carry + yr * carry_nv  # the state after each row
     on = qr + zr * carry_nv
     prev = tl.maximum(lane - 1, 0)
-    ea = tl.where(lane == 0, carry, tl.gather(oa, prev, 0))  # ... and entering it
-    en = tl.where(lane == 0, carry_nv, tl.gather(on, prev, 0))
-    h1 = w1[0] + w1[2] * ea + w1[3] * en
-    h2 = w2[0] + w2[2] * ea + w2[3] * en
-    h3 = w3[0] + w3[2] * ea + w3[3] * en
-    h = tl.where(j == 0, oa[:, None], tl.where(j == 1, h1[:, None],
-                 tl.where(j == 2, h2[:, None], h3[:, None])))
+    a = tl.where(lane == 0, carry, tl.gather(oa, prev, 0))  # ... and entering it
+    n = tl.where(lane == 0, carry_nv, tl.gather(on, prev, 0))
+    hs = ()
+    for k in tl.static_range(K):
+        m0, m1, m2, m3 = _cols(ms[k])
+        r0, r1, r2, r3 = _cols(rs[k])
+        v0, v1, v2, v3 = _cols(vs[k])
+        o0, o1, o2, o3 = _cols(oks[k])
+        h3, n = _step(m3, r3, v3, o3, a, n, g, gl, MODE)
+        h2, n = _step(m2, r2, v2, o2, h3, n, g, gl, MODE)
+        h1, n = _step(m1, r1, v1, o1, h2, n, g, gl, MODE)
+        a, n = _step(m0, r0, v0, o0, h1, n, g, gl, MODE)
+        hs = hs + (_uncols(a, h1, h2, h3),)
     last = lane == RW - 1  # the chunk's first token: row RW-1, token 0
-    return h, tl.sum(tl.where(last, oa, 0.0), axis=0), tl.sum(tl.where(last, on, 0.0), axis=0)
+    ca, cn = tl.reduce((tl.where(last, oa, 0.0), tl.where(last, on, 0.0)), 0, _add2)
+    return hs, ca, cn
 
 
 @triton.jit
-def _chan(n1, m1, q1, n2, m2, q2):
-    """(count, mean, M2) of the union of two sets (Chan, Golub and LeVeque 1979)."""
-    n = n1 + n2
-    w = tl.where(n > 0, n2 / tl.maximum(n, 1.0), 0.0)
-    d = m2 - m1
-    return n, m1 + d * w, q1 + q2 + d * d * n1 * w
+def _tile(R, V, M, top, L, i, j, srt, svt, smt, MODE: tl.constexpr, FP64: tl.constexpr,
+          K: tl.constexpr):
+    """The loads of the chunk of tokens below ``top``: K-tuples (sub-row k of row i:
+    tokens top - 4K(i + 1) + 4(K - 1 - k) + j) of tokens, their bounds, mask, rewards
+    and values (nothing loaded outside [0, L))."""
+    ts = ()
+    oks = ()
+    ms = ()
+    rs = ()
+    vs = ()
+    for k in tl.static_range(K):
+        t = top - 4 * K * (i + 1) + 4 * (K - 1 - k) + j
+        ok = (t >= 0) & (t < L)
+        m, r, v = _loads(R, V, M, t, ok, srt, svt, smt, MODE, FP64)
+        ts = ts + (t,)
+        oks = oks + (ok,)
+        ms = ms + (m,)
+        rs = rs + (r,)
+        vs = vs + (v,)
+    return ts, oks, ms, rs, vs
 
 
 @triton.jit
@@ -172,16 +205,31 @@ def _valid(M, off, ok):
 
 
 @triton.jit
+def _add2(a1, b1, a2, b2):
+    return a1 + a2, b1 + b2
+
+
+@triton.jit
+def _add3(a1, b1, c1, a2, b2, c2):
+    return a1 + a2, b1 + b2, c1 + c2
+
+
+@triton.jit
 def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T, N,
                       g_hi, g_lo, gl_hi, gl_lo,
                       MODE: tl.constexpr, PACKED: tl.constexpr, WHITEN: tl.constexpr,
-                      FP64: tl.constexpr, BT: tl.constexpr):
+                      FP64: tl.constexpr, BT: tl.constexpr, K: tl.constexpr,
+                      PREFETCH: tl.constexpr, PDL: tl.constexpr):
     """One response per program, scanned from its end BT tokens at a time (chunks
-    aligned to BT from its start, so loads vectorise). Row bases are 64-bit scalars,
-    token offsets 32-bit (the launcher checks a row's extent fits). Inputs by
-    (row, token) strides; outputs contiguous (padded: row * T + t; packed: the
-    stream's position). WS: the whitening statistics of each response (count, mean,
-    M2: [3, N])."""
+    aligned to BT from its start, so loads vectorise; each thread holds rows of 4K
+    consecutive tokens). Row bases are 64-bit scalars, token offsets 32-bit (the
+    launcher checks a row's extent fits). Inputs by (row, token) strides; outputs
+    contiguous (padded: row * T + t; packed: the stream's position). WS: the whitening
+    statistics of each response (count, mean, M2: [3, N]). PREFETCH: the next chunk's
+    loads are issued before this chunk's scan. PDL: the whitening pass may launch now
+    (it waits for this grid's end before reading anything it wrote)."""
+    if PDL:
+        gdc_launch_dependents()
     row = tl.program_id(0)
     if PACKED:
         start = tl.load(CU + row).to(tl.int64)
@@ -201,7 +249,7 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
         if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
             V += r64 * svn
             RET += r64 * T
-    RW: tl.constexpr = BT // 4
+    RW: tl.constexpr = BT // (4 * K)
     if FP64:
         zero = tl.zeros([RW, 4], dtype=tl.float64)
     else:
@@ -210,67 +258,76 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
     gl = _num(gl_hi, gl_lo, FP64)
     i = tl.arange(0, RW)[:, None]
     j = tl.arange(0, 4)[None, :]
-    z1 = tl.sum(zero, axis=1)
-    z = tl.sum(z1, axis=0)
+    # constants, not reductions of zero: a reduction's layout conversions put barriers
+    # before the first load
+    z1 = tl.zeros([RW], zero.dtype)
+    z = tl.full([], 0.0, zero.dtype)
     carry_nv = z
     carry = z
-    # whitening statistics per row of 4 tokens, reduced once at the end: count, and the
-    # sum and sum of squares of (h - k), k a shift near the data (no cancellation): the
-    # first nonzero carry out of a chunk, an output of the scan itself
+    # whitening statistics per row, reduced once at the end: count, and the sum and sum
+    # of squares of (h - k), k a shift near the data (no cancellation): the first
+    # nonzero carry out of a chunk, an output of the scan itself
     s0 = z1
     s1 = z1
     s2 = z1
     k = z
     n_chunks = tl.cdiv(L, BT)
-    t = n_chunks * BT - 4 * (i + 1) + j  # the last chunk's tokens
-    ok = t < L
-    m, r, v = _loads(R, V, M, t, ok, srt, svt, smt, MODE, FP64)
+    top = n_chunks * BT  # the last chunk's end
+    ts, oks, ms, rs, vs = _tile(R, V, M, top, L, i, j, srt, svt, smt, MODE, FP64, K)
     for _ in range(0, n_chunks):
-        # A chunk is RW rows of 4 consecutive tokens, row 0 the latest, one row per
-        # thread (its loads vectorise), scanned by _chunk. The next chunk's loads are
-        # issued first, so they are in flight while this one is scanned (one program
-        # per response leaves few loads in flight per SM otherwise; past the response's
-        # start they load nothing).
-        tn = t - BT
-        okn = (tn >= 0) & (tn < L)
-        mn, rn, vn = _loads(R, V, M, tn, okn, srt, svt, smt, MODE, FP64)
+        if PREFETCH:
+            # the next chunk's loads first, in flight while this one is scanned (one
+            # program per response leaves few loads in flight per SM otherwise; past the
+            # response's start they load nothing)
+            nxt = _tile(R, V, M, top - BT, L, i, j, srt, svt, smt, MODE, FP64, K)
         if MODE == MODE_STATS:
-            h = v
+            hs = vs
         else:
-            h, carry, carry_nv = _chunk(m, r, v, ok, carry, carry_nv, g, gl, zero, MODE)
-            if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
-                tl.store(ADV + t, h.to(ADV.dtype.element_ty), mask=ok)
-                if MODE == MODE_GAE_SKIP:
-                    tl.store(RET + t, (h + v).to(RET.dtype.element_ty), mask=ok)
+            hs, carry, carry_nv = _chunk(ms, rs, vs, oks, carry, carry_nv, g, gl, zero,
+                                         MODE, K)
+            for u in tl.static_range(K):
+                h = hs[u]
+                if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
+                    tl.store(ADV + ts[u], h.to(ADV.dtype.element_ty), mask=oks[u])
+                    if MODE == MODE_GAE_SKIP:
+                        ret = h + vs[u]
+                    else:
+                        ret = h + tl.where(ms[u], vs[u], 0.0)
+                    tl.store(RET + ts[u], ret.to(RET.dtype.element_ty), mask=oks[u])
+                elif MODE == MODE_RET_SKIP:
+                    tl.store(ADV + ts[u], tl.where(ms[u], h, 0.0).to(ADV.dtype.element_ty),
+                             mask=oks[u])
                 else:
-                    tl.store(RET + t, (h + tl.where(m, v, 0.0)).to(RET.dtype.element_ty),
-                             mask=ok)
-            elif MODE == MODE_RET_SKIP:
-                tl.store(ADV + t, tl.where(m, h, 0.0).to(ADV.dtype.element_ty), mask=ok)
-            else:
-                tl.store(ADV + t, h.to(ADV.dtype.element_ty), mask=ok)
+                    tl.store(ADV + ts[u], h.to(ADV.dtype.element_ty), mask=oks[u])
         if WHITEN:
             if MODE == MODE_STATS:  # the chunk's first token (0 where masked)
-                pick = tl.sum(tl.sum(tl.where((i == RW - 1) & (j == 0), h, 0.0), axis=1),
-                              axis=0)
+                first = (i == RW - 1) & (j == 0) & ms[K - 1]
+                pick = tl.sum(tl.sum(tl.where(first, hs[K - 1], 0.0), axis=1), axis=0)
             else:
                 pick = carry
+            # k: the first nonzero carry; what earlier chunks summed with k = 0 is
+            # re-shifted to it (dk = 0 on every other chunk)
             kn = tl.where(k != 0, k, pick)
-            if kn != k:  # once: re-shift what earlier chunks summed with k = 0
-                s2 = s2 - 2.0 * kn * s1 + s0 * kn * kn
-                s1 = s1 - s0 * kn
-                k = kn
-            d = tl.where(m, h - k, 0.0)
-            s0 += tl.sum(m.to(zero.dtype), axis=1)  # per row of 4: in the thread
-            s1 += tl.sum(d, axis=1)
-            s2 += tl.sum(d * d, axis=1)
-        m, r, v, t, ok = mn, rn, vn, tn, okn
+            dk = kn - k
+            s2 = s2 - 2.0 * dk * s1 + s0 * dk * dk
+            s1 = s1 - s0 * dk
+            k = kn
+            for u in tl.static_range(K):
+                d = tl.where(ms[u], hs[u] - k, 0.0)
+                s0 += tl.sum(ms[u].to(zero.dtype), axis=1)  # per row: in the thread
+                s1 += tl.sum(d, axis=1)
+                s2 += tl.sum(d * d, axis=1)
+        if PREFETCH:
+            ts, oks, ms, rs, vs = nxt
+        else:
+            ts, oks, ms, rs, vs = _tile(R, V, M, top - BT, L, i, j, srt, svt, smt, MODE,
+                                        FP64, K)
+        top -= BT
     if WHITEN:
-        n_l = s0
-        mean_l = tl.where(n_l > 0, k + s1 / tl.maximum(n_l, 1.0), 0.0)
-        q_l = tl.maximum(s2 - s1 * s1 / tl.maximum(n_l, 1.0), 0.0)
-        cnt, mean, m2 = tl.reduce((n_l, mean_l, q_l), 0, _chan)
-    if WHITEN:
+        # every row's sums share the shift k: one sum over the rows
+        cnt, t1, t2 = tl.reduce((s0, s1, s2), 0, _add3)
+        mean = tl.where(cnt > 0, k + t1 / tl.maximum(cnt, 1.0), 0.0)
+        m2 = tl.maximum(t2 - t1 * t1 / tl.maximum(cnt, 1.0), 0.0)
         tl.store(WS + row, cnt)
         tl.store(WS + N + row, mean)
         tl.store(WS + 2 * N + row, m2)
@@ -282,22 +339,29 @@ def _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
     """Combine the N responses' (count, mean, M2) in a fixed order into the whitening's
     mean and 1/std as the frameworks define them:
     mean = S / (n + count_eps), var = sum (x - mean)^2 / (n + count_eps) [* n / (n - 1)]."""
+    # mean = sum n_i mean_i / n, then M2 = sum M2_i + n_i (mean_i - mean)^2: two sums,
+    # no division per pair (the mean's rounding enters M2 to second order only)
     lane = tl.arange(0, RB)
-    if FP64:
-        zero = tl.zeros([RB], dtype=tl.float64)
-    else:
-        zero = tl.zeros([RB], dtype=tl.float32)
-    cnt = tl.sum(zero, axis=0)
-    mean = tl.sum(zero, axis=0)
-    m2 = tl.sum(zero, axis=0)
-    for s in range(0, N, RB):
+    ok = lane < N
+    n0 = tl.load(WS + lane, mask=ok, other=0.0)
+    m0 = tl.load(WS + N + lane, mask=ok, other=0.0)
+    q0 = tl.load(WS + 2 * N + lane, mask=ok, other=0.0)
+    cnt, tot = tl.reduce((n0, n0 * m0), 0, _add2)
+    for s in range(RB, N, RB):
         i = s + lane
-        ok = i < N
-        nb = tl.load(WS + i, mask=ok, other=0.0)
-        mb = tl.load(WS + N + i, mask=ok, other=0.0)
-        qb = tl.load(WS + 2 * N + i, mask=ok, other=0.0)
-        nb, mb, qb = tl.reduce((nb, mb, qb), 0, _chan)
-        cnt, mean, m2 = _chan(cnt, mean, m2, nb, mb, qb)
+        nb = tl.load(WS + i, mask=i < N, other=0.0)
+        mb = tl.load(WS + N + i, mask=i < N, other=0.0)
+        c, t = tl.reduce((nb, nb * mb), 0, _add2)
+        cnt += c
+        tot += t
+    mean = tl.where(cnt > 0, tot / tl.maximum(cnt, 1.0), 0.0)
+    m2 = tl.sum(q0 + n0 * (m0 - mean) * (m0 - mean), axis=0)
+    for s in range(RB, N, RB):
+        i = s + lane
+        nb = tl.load(WS + i, mask=i < N, other=0.0)
+        mb = tl.load(WS + N + i, mask=i < N, other=0.0)
+        qb = tl.load(WS + 2 * N + i, mask=i < N, other=0.0)
+        m2 += tl.sum(qb + nb * (mb - mean) * (mb - mean), axis=0)
     ce = _num(ce_hi, ce_lo, FP64)
     eps = _num(eps_hi, eps_lo, FP64)
     mu = mean * cnt / (cnt + ce)
@@ -309,52 +373,66 @@ def _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
 
 
 @triton.jit
-def _block(X, M, Y, b, sxn, sxt, smn, smt, T, numel, t_blocks, FILL: tl.constexpr,
-           FLAT: tl.constexpr, FP64: tl.constexpr, BLOCK: tl.constexpr):
-    """Block b's data, validity (if FILL), output pointers and bounds: FLAT (X and M
-    contiguous), blocks of the flat data; else (row, token block) pairs, by strides."""
+def _place(b, T, numel, t_blocks, FLAT: tl.constexpr, BLOCK: tl.constexpr):
+    """Block b's (row, token offsets, bounds): FLAT, blocks of the flat data (row 0,
+    64-bit offsets); else (row, token block) pairs."""
     if FLAT:
-        t = (tl.zeros([BLOCK], tl.int64) + b) * BLOCK + tl.arange(0, BLOCK)  # 64-bit
+        row = tl.zeros([], tl.int64)
+        t = (tl.zeros([BLOCK], tl.int64) + b) * BLOCK + tl.arange(0, BLOCK)
         ok = t < numel
-        x = _ld(X, t, ok, FP64)
-        valid = ok
-        if FILL:
-            valid = _valid(M, t, ok)
-        out = Y + t
     else:
         row = tl.zeros([], tl.int64) + b // t_blocks
         t = (b % t_blocks) * BLOCK + tl.arange(0, BLOCK)
         ok = t < tl.where(row * T < numel, T, 0)
+    return row, t, ok
+
+
+@triton.jit
+def _block(X, M, b, sxn, sxt, smn, smt, T, numel, t_blocks, FILL: tl.constexpr,
+           FLAT: tl.constexpr, FP64: tl.constexpr, BLOCK: tl.constexpr):
+    """Block b's data and validity (if FILL; X and M by strides unless FLAT)."""
+    row, t, ok = _place(b, T, numel, t_blocks, FLAT, BLOCK)
+    if FLAT:
+        x = _ld(X, t, ok, FP64)
+    else:
         x = _ld(X + row * sxn, t * sxt, ok, FP64)
-        valid = ok
-        if FILL:
+    valid = ok
+    if FILL:
+        if FLAT:
+            valid = _valid(M, t, ok)
+        else:
             valid = _valid(M + row * smn, t * smt, ok)
-        out = Y + row * T + t
-    return x, valid, out, ok
+    return x, valid
 
 
 @triton.jit
 def whiten_kernel(X, M, Y, WS, N, sxn, sxt, smn, smt, T, numel, n_blocks, t_blocks, fill,
                   ce_hi, ce_lo, eps_hi, eps_lo, NORM: tl.constexpr, SHIFT: tl.constexpr,
                   FILL: tl.constexpr, FLAT: tl.constexpr, UNBIASED: tl.constexpr,
-                  FP64: tl.constexpr, BLOCK: tl.constexpr, RB: tl.constexpr):
+                  FP64: tl.constexpr, BLOCK: tl.constexpr, RB: tl.constexpr,
+                  PDL: tl.constexpr):
     """Y = (X - mean) / std (+ mean if not SHIFT) where NORM, at masked tokens ``fill``
     if FILL; Y contiguous [rows, T] (Y may be X). Each program first combines the scan's
     N statistics (the same fixed order in every program: no atomics, no second launch),
     then whitens blocks of BLOCK elements, a grid's width apart. Each block's loads are
     issued before the previous block's (or the statistics') arithmetic, so they are in
-    flight meanwhile."""
+    flight meanwhile; only the data is carried to the next step (its pointers and bounds
+    are recomputed there: carried, they took a layout conversion through shared memory
+    each step). PDL: launched as the scan's programmatic dependent; it waits for the
+    scan's grid to end (and its writes to be visible) before its first load."""
+    if PDL:
+        gdc_wait()
     b = tl.program_id(0)
     step = tl.num_programs(0)
-    x, valid, out, ok = _block(X, M, Y, b, sxn, sxt, smn, smt, T, numel, t_blocks,
-                               FILL, FLAT, FP64, BLOCK)
+    x, valid = _block(X, M, b, sxn, sxt, smn, smt, T, numel, t_blocks, FILL, FLAT, FP64,
+                      BLOCK)
     if NORM:
         mu, rstd = _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED, FP64, RB)
     while b < n_blocks:
         bn = b + step
         lim = tl.where(bn < n_blocks, numel, 0)  # past the last block: nothing loaded
-        xn, validn, outn, okn = _block(X, M, Y, bn, sxn, sxt, smn, smt, T, lim, t_blocks,
-                                       FILL, FLAT, FP64, BLOCK)
+        xn, validn = _block(X, M, bn, sxn, sxt, smn, smt, T, lim, t_blocks, FILL, FLAT,
+                            FP64, BLOCK)
         y = x
         if NORM:
             y = (x - mu) * rstd
@@ -362,9 +440,10 @@ def whiten_kernel(X, M, Y, WS, N, sxn, sxt, smn, smt, T, numel, n_blocks, t_bloc
                 y = y + mu
         if FILL:
             y = tl.where(valid, y, fill)
-        tl.store(out, y.to(Y.dtype.element_ty), mask=ok)
+        row, t, ok = _place(b, T, numel, t_blocks, FLAT, BLOCK)
+        tl.store(Y + row * T + t, y.to(Y.dtype.element_ty), mask=ok)
         b = bn
-        x, valid, out, ok = xn, validn, outn, okn
+        x, valid = xn, validn
 
 
 def _hilo(x: float):
@@ -374,9 +453,9 @@ def _hilo(x: float):
     return hi, float(np.float32(x - hi))
 
 
-def config(n_rows: int, n_tokens: int) -> tuple[int, int]:
-    """(BT, num_warps) of the scan of ``n_rows`` responses of about ``n_tokens``
-    tokens: BT tokens per step."""
+def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
+    """(BT, num_warps, K) of the scan of ``n_rows`` responses of about ``n_tokens``
+    tokens: BT tokens per step, rows of 4K consecutive tokens per thread."""
     # Measured on the H200 (scripts/token_sweep.py, device time; docs/notes.md): the
     # prefetch of the next chunk paid at every shape (4096x16384 unwhitened 493 -> 392
     # µs); 4096x16384 best at 256 tokens and 2 warps, 1024x8192 at 512 and 2, 256x4096
@@ -385,19 +464,38 @@ def config(n_rows: int, n_tokens: int) -> tuple[int, int]:
     # most. Splitting the time axis over programs (one chunk each, a look-back over the
     # later chunks' maps) was slower at every setting tried
     if n_rows >= 2048:
-        bt, warps = 256, 2
+        bt, warps, k = 256, 2, 1
     elif n_rows >= 512:
-        bt, warps = 512, 2
+        bt, warps, k = 512, 2, 1
     else:
-        bt, warps = 1024, 8
+        bt, warps, k = 1024, 8, 1
     p2 = triton.next_power_of_2(max(int(n_tokens), 1))
     bt = max(128, min(bt, p2))
-    return bt, max(1, min(warps, bt // 128))
+    return bt, max(1, min(warps, bt // 128)), k
 
 
 # (programs per SM at most, BLOCK, num_warps) of the whitening pass: swept on the H200
 # (scripts/token_sweep.py --whiten-tiles, docs/notes.md item 63), no setting faster
 WHITEN_TILE = (16, 1024, 4)
+
+
+_PDL = {}
+
+
+def _pdl(device) -> bool:
+    """Whether the whitening pass launches as the scan's programmatic dependent: CUDA
+    devices of compute capability 9.0 or later (``RL_TRITON_CORE_PDL=0`` turns it off)."""
+    if device.type != "cuda" or gdc_wait is None:
+        return False
+    idx = device.index if device.index is not None else 0
+    on = _PDL.get(idx)
+    if on is None:
+        import os
+
+        import torch
+        on = _PDL[idx] = (os.environ.get("RL_TRITON_CORE_PDL", "1") != "0"
+                          and torch.cuda.get_device_capability(idx)[0] >= 9)
+    return on
 
 
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
@@ -417,7 +515,10 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         if t is not None and (n_tok + 1) * t.stride(1) >= 2**31:
             raise ValueError(f"{name}: a response spans {n_tok} tokens of stride "
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
-    bt, warps = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
+    cfg = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
+    bt, warps, k = (*cfg, 1)[:3]  # (a 2-tuple: rows of 4 tokens)
+    pdl = _pdl(device) and how is not None
+    k = max(1, min(k, bt // 4))
     ws = torch.empty(3 * n_rows, dtype=acc, device=device) if whiten else None
     vv = v if v is not None else src
     if mode != MODE_STATS or whiten:
@@ -425,8 +526,8 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
             src, vv, m, cu, out0, out1 if out1 is not None else out0, ws,
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
             n_tok, n_rows, *_hilo(g), *_hilo(gl),
-            MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt,
-            num_warps=warps)
+            MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, K=k,
+            PREFETCH=packed or bt < n_tok, PDL=pdl, num_warps=warps)
     if how is None:
         return
     fill = how[4]
@@ -444,4 +545,4 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         SHIFT=bool(how[3]), FILL=fill is not None, FLAT=flat,
         UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BLOCK=block,
         RB=max(128, min(2048, triton.next_power_of_2(n_rows))),
-        num_warps=w_warps)
+        PDL=pdl, num_warps=w_warps, **({"launch_pdl": True} if pdl else {}))

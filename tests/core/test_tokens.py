@@ -242,16 +242,17 @@ def test_bad_input():
         rc.masked_gae(r[None], r[None], m[None], time_dim=-1)
 
 
-@pytest.mark.parametrize("bt,warps", [(16, 1), (32, 2), (128, 1)])
-def test_kernel_tiles(where, monkeypatch, bt, warps):
+@pytest.mark.parametrize("bt,warps,k", [(16, 1, 1), (32, 2, 1), (128, 1, 1), (16, 1, 2),
+                                        (32, 1, 4), (64, 2, 4), (128, 1, 2)])
+def test_kernel_tiles(where, monkeypatch, bt, warps, k):
     """Several chunks per response, packed responses of different lengths (empty and
-    one-token ones too): every chunk length gives the reference."""
+    one-token ones too): every chunk length and row length gives the reference."""
     device, backend = where
     if backend == "cpu":
         pytest.skip("the Triton kernel's tiling")
     from rl_triton_core import _token_kernel
 
-    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (bt, warps))
+    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (bt, warps, k))
     B, T = 7, 45
     r, v, m = _inputs(21, B, T, torch.float64, "multi", device)
     m[0, :3] = True
