@@ -29,11 +29,6 @@ import triton.language as tl
 
 from rl_triton_core._launch import _sm_count
 
-try:  # programmatic dependent launch (sm_90 and later; triton >= 3.4)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover
-    gdc_launch_dependents = gdc_wait = None
-
 MODE_GAE_SKIP = tl.constexpr(0)  # verl: advantages and next values carried over masked tokens
 MODE_GAE_MUL = tl.constexpr(1)  # OpenRLHF: rewards and values multiplied by the mask
 MODE_RET_SKIP = tl.constexpr(2)  # verl REINFORCE++: masked tokens carry the return, output 0
@@ -219,17 +214,14 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
                       g_hi, g_lo, gl_hi, gl_lo,
                       MODE: tl.constexpr, PACKED: tl.constexpr, WHITEN: tl.constexpr,
                       FP64: tl.constexpr, BT: tl.constexpr, K: tl.constexpr,
-                      PREFETCH: tl.constexpr, PDL: tl.constexpr):
+                      PREFETCH: tl.constexpr):
     """One response per program, scanned from its end BT tokens at a time (chunks
     aligned to BT from its start, so loads vectorise; each thread holds rows of 4K
     consecutive tokens). Row bases are 64-bit scalars, token offsets 32-bit (the
     launcher checks a row's extent fits). Inputs by (row, token) strides; outputs
     contiguous (padded: row * T + t; packed: the stream's position). WS: the whitening
     statistics of each response (count, mean, M2: [3, N]). PREFETCH: the next chunk's
-    loads are issued before this chunk's scan. PDL: the whitening pass may launch now
-    (it waits for this grid's end before reading anything it wrote)."""
-    if PDL:
-        gdc_launch_dependents()
+    loads are issued before this chunk's scan."""
     row = tl.program_id(0)
     if PACKED:
         start = tl.load(CU + row).to(tl.int64)
@@ -409,8 +401,7 @@ def _block(X, M, b, sxn, sxt, smn, smt, T, numel, t_blocks, FILL: tl.constexpr,
 def whiten_kernel(X, M, Y, WS, N, sxn, sxt, smn, smt, T, numel, n_blocks, t_blocks, fill,
                   ce_hi, ce_lo, eps_hi, eps_lo, NORM: tl.constexpr, SHIFT: tl.constexpr,
                   FILL: tl.constexpr, FLAT: tl.constexpr, UNBIASED: tl.constexpr,
-                  FP64: tl.constexpr, BLOCK: tl.constexpr, RB: tl.constexpr,
-                  PDL: tl.constexpr):
+                  FP64: tl.constexpr, BLOCK: tl.constexpr, RB: tl.constexpr):
     """Y = (X - mean) / std (+ mean if not SHIFT) where NORM, at masked tokens ``fill``
     if FILL; Y contiguous [rows, T] (Y may be X). Each program first combines the scan's
     N statistics (the same fixed order in every program: no atomics, no second launch),
@@ -418,10 +409,7 @@ def whiten_kernel(X, M, Y, WS, N, sxn, sxt, smn, smt, T, numel, n_blocks, t_bloc
     issued before the previous block's (or the statistics') arithmetic, so they are in
     flight meanwhile; only the data is carried to the next step (its pointers and bounds
     are recomputed there: carried, they took a layout conversion through shared memory
-    each step). PDL: launched as the scan's programmatic dependent; it waits for the
-    scan's grid to end (and its writes to be visible) before its first load."""
-    if PDL:
-        gdc_wait()
+    each step)."""
     b = tl.program_id(0)
     step = tl.num_programs(0)
     x, valid = _block(X, M, b, sxn, sxt, smn, smt, T, numel, t_blocks, FILL, FLAT, FP64,
@@ -456,13 +444,15 @@ def _hilo(x: float):
 def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
     """(BT, num_warps, K) of the scan of ``n_rows`` responses of about ``n_tokens``
     tokens: BT tokens per step, rows of 4K consecutive tokens per thread."""
-    # Measured on the H200 (scripts/token_sweep.py, device time; docs/notes.md): the
-    # prefetch of the next chunk paid at every shape (4096x16384 unwhitened 493 -> 392
-    # µs); 4096x16384 best at 256 tokens and 2 warps, 1024x8192 at 512 and 2, 256x4096
-    # (256 programs, one per response) at 1024 and 8. At 1024 responses, 8 programs
-    # must fit on each of the H200's 132 SMs for one wave: 128 registers a thread at
-    # most. Splitting the time axis over programs (one chunk each, a look-back over the
-    # later chunks' maps) was slower at every setting tried
+    # Measured on the H200 (scripts/token_sweep.py, device time; docs/notes.md items
+    # 50 and 64): the prefetch of the next chunk paid at every shape; 4096x16384 best at
+    # 256 tokens and 2 warps, 1024x8192 at 512 and 2, 256x4096 (256 programs, one per
+    # response) at 1024 and 8, all with rows of 4 tokens (K = 1): longer rows (K = 2, 4)
+    # cut the instructions but were slower at every shape (fewer loads in flight, more
+    # registers). At 1024 responses, 8 programs must fit on each of the H200's 132 SMs
+    # for one wave: the launch caps the registers (_reg_cap). Splitting the time axis
+    # over programs (one chunk each, a look-back over the later chunks' maps) was slower
+    # at every setting tried
     if n_rows >= 2048:
         bt, warps, k = 256, 2, 1
     elif n_rows >= 512:
@@ -479,23 +469,18 @@ def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
 WHITEN_TILE = (16, 1024, 4)
 
 
-_PDL = {}
+REG_CAP = True  # cap the scan's registers so that one wave of programs fits (see _reg_cap)
 
 
-def _pdl(device) -> bool:
-    """Whether the whitening pass launches as the scan's programmatic dependent: CUDA
-    devices of compute capability 9.0 or later (``RL_TRITON_CORE_PDL=0`` turns it off)."""
-    if device.type != "cuda" or gdc_wait is None:
-        return False
-    idx = device.index if device.index is not None else 0
-    on = _PDL.get(idx)
-    if on is None:
-        import os
-
-        import torch
-        on = _PDL[idx] = (os.environ.get("RL_TRITON_CORE_PDL", "1") != "0"
-                          and torch.cuda.get_device_capability(idx)[0] >= 9)
-    return on
+def _reg_cap(n_rows: int, warps: int, device) -> int | None:
+    """The registers a thread may use so that all ``n_rows`` programs are resident at
+    once (65536 registers per SM), or None where they cannot be (more than 64 warps an
+    SM) or need no cap (255)."""
+    per_sm = triton.cdiv(n_rows, _sm_count(device))
+    if not REG_CAP or device.type != "cuda" or per_sm * warps > 64:
+        return None
+    cap = 65536 // (per_sm * warps * 32) // 8 * 8
+    return cap if 64 <= cap < 255 else None
 
 
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
@@ -517,7 +502,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
     cfg = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
     bt, warps, k = (*cfg, 1)[:3]  # (a 2-tuple: rows of 4 tokens)
-    pdl = _pdl(device) and how is not None
+    cap = _reg_cap(n_rows, warps, device)
     k = max(1, min(k, bt // 4))
     ws = torch.empty(3 * n_rows, dtype=acc, device=device) if whiten else None
     vv = v if v is not None else src
@@ -527,7 +512,8 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
             n_tok, n_rows, *_hilo(g), *_hilo(gl),
             MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, K=k,
-            PREFETCH=packed or bt < n_tok, PDL=pdl, num_warps=warps)
+            PREFETCH=packed or bt < n_tok, num_warps=warps,
+            **({"maxnreg": cap} if cap else {}))
     if how is None:
         return
     fill = how[4]
@@ -545,4 +531,4 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         SHIFT=bool(how[3]), FILL=fill is not None, FLAT=flat,
         UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BLOCK=block,
         RB=max(128, min(2048, triton.next_power_of_2(n_rows))),
-        PDL=pdl, num_warps=w_warps, **({"launch_pdl": True} if pdl else {}))
+        num_warps=w_warps)
