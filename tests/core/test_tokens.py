@@ -276,6 +276,27 @@ def test_kernel_tiles(where, monkeypatch, bt, warps, k):
     torch.testing.assert_close(pa, a[keep], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_nonfinite_rewards_on_masked_tokens_stay_there(where, skip):
+    """A NaN or inf reward on a masked token reaches no output (no output depends on it):
+    the same advantages and returns as with a finite reward there, every estimator."""
+    device, _ = where
+    r, v, m = _inputs(31, 5, 37, torch.float32, "multi", device)
+    bad = r.clone()
+    bad[~m] = float("nan")
+    bad[~m & (torch.arange(37, device=device) % 2 == 0)] = float("inf")
+    for whiten in (False, True):
+        a, ret = rc.masked_gae(r, v, m, gamma=0.9, lmbda=0.8, skip=skip, whiten=whiten,
+                               count_eps=1e-8, time_dim=-1)
+        ba, bret = rc.masked_gae(bad, v, m, gamma=0.9, lmbda=0.8, skip=skip, whiten=whiten,
+                                 count_eps=1e-8, time_dim=-1)
+        torch.testing.assert_close(ba, a, rtol=0, atol=0)
+        torch.testing.assert_close(bret, ret, rtol=0, atol=0)
+    got = rc.masked_returns(bad, m, gamma=0.9, skip=skip, time_dim=-1)
+    torch.testing.assert_close(got, rc.masked_returns(r, m, gamma=0.9, skip=skip, time_dim=-1),
+                               rtol=0, atol=0)
+
+
 def test_reg_cap(monkeypatch):
     """The scan's register cap lets every program be resident at once where that is
     possible (65536 registers and 64 warps an SM), and is left off elsewhere."""
