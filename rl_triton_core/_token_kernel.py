@@ -450,9 +450,9 @@ def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
     # response) at 1024 and 8, all with rows of 4 tokens (K = 1): longer rows (K = 2, 4)
     # cut the instructions but were slower at every shape (fewer loads in flight, more
     # registers). At 1024 responses, 8 programs must fit on each of the H200's 132 SMs
-    # for one wave: the launch caps the registers (_reg_cap). Splitting the time axis
-    # over programs (one chunk each, a look-back over the later chunks' maps) was slower
-    # at every setting tried
+    # for one wave: 128 registers a thread at most (capping them with maxnreg changed
+    # nothing measurable). Splitting the time axis over programs (one chunk each, a
+    # look-back over the later chunks' maps) was slower at every setting tried
     if n_rows >= 2048:
         bt, warps, k = 256, 2, 1
     elif n_rows >= 512:
@@ -467,20 +467,6 @@ def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
 # (programs per SM at most, BLOCK, num_warps) of the whitening pass: swept on the H200
 # (scripts/token_sweep.py --whiten-tiles, docs/notes.md item 63), no setting faster
 WHITEN_TILE = (16, 1024, 4)
-
-
-REG_CAP = True  # cap the scan's registers so that one wave of programs fits (see _reg_cap)
-
-
-def _reg_cap(n_rows: int, warps: int, device) -> int | None:
-    """The registers a thread may use so that all ``n_rows`` programs are resident at
-    once (65536 registers per SM), or None where they cannot be (more than 64 warps an
-    SM) or need no cap (255)."""
-    per_sm = triton.cdiv(n_rows, _sm_count(device))
-    if not REG_CAP or device.type != "cuda" or per_sm * warps > 64:
-        return None
-    cap = 65536 // (per_sm * warps * 32) // 8 * 8
-    return cap if 64 <= cap < 255 else None
 
 
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
@@ -502,7 +488,6 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
     cfg = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
     bt, warps, k = (*cfg, 1)[:3]  # (a 2-tuple: rows of 4 tokens)
-    cap = _reg_cap(n_rows, warps, device)
     k = max(1, min(k, bt // 4))
     ws = torch.empty(3 * n_rows, dtype=acc, device=device) if whiten else None
     vv = v if v is not None else src
@@ -512,8 +497,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
             n_tok, n_rows, *_hilo(g), *_hilo(gl),
             MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, K=k,
-            PREFETCH=packed or bt < n_tok, num_warps=warps,
-            **({"maxnreg": cap} if cap else {}))
+            PREFETCH=packed or bt < n_tok, num_warps=warps)
     if how is None:
         return
     fill = how[4]

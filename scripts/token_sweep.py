@@ -2,10 +2,9 @@
 over the whitening pass's grid and block.
 
     python scripts/token_sweep.py [--shapes 256x4096,1024x8192,4096x16384]
-        [--configs BT:warps[:K],...] [--whiten-tiles per_sm:block:warps,...] [--regcap 1|0|0,1]
+        [--configs BT:warps[:K],...] [--whiten-tiles per_sm:block:warps,...]
 
-K: rows of 4K consecutive tokens per thread (1 when left out). --regcap 0: no cap on the
-scan's registers (the library caps them so that one wave of programs fits); 0,1: both.
+K: rows of 4K consecutive tokens per thread (1 when left out).
 """
 import argparse
 
@@ -23,20 +22,16 @@ ap.add_argument("--configs", default=(
     "256:2,512:2,512:4,1024:4,1024:8,2048:4,2048:8"))
 ap.add_argument("--whiten", default="0,1")
 ap.add_argument("--mask", default="int64")
-ap.add_argument("--regcap", default="1",
-                help="cap the scan's registers for one wave: 1, 0 or 1,0 (both)")
 ap.add_argument("--whiten-tiles", default="",
                 help="whitened rows only: the whitening pass's (programs per SM at most, "
                      "BLOCK, warps) as per_sm:block:warps joined by commas (default: "
                      "the library's)")
 opts = ap.parse_args()
 timer = harness.Timer("cuda", 100)
-caps = opts.regcap.split(",")
 default, default_tile = K.config, K.WHITEN_TILE
 w_tiles = [tuple(int(x) for x in t.split(":")) for t in opts.whiten_tiles.split(",") if t]
-print("| shape | whiten | BT | warps | K | reg cap | whitening tile | device µs | floor µs | "
-      "ratio |")
-print("|---|---|---:|---:|---:|---|---|---:|---:|---:|")
+print("| shape | whiten | BT | warps | K | whitening tile | device µs | floor µs | ratio |")
+print("|---|---|---:|---:|---:|---|---:|---:|---:|")
 for shape in opts.shapes.split(","):
     B, T = (int(s) for s in shape.split("x"))
     r, v, m = inputs(B, T, torch.float32, "cuda")
@@ -47,10 +42,9 @@ for shape in opts.shapes.split(","):
     fl1 = timer.measure(f1, graph=True)["device_us"]
     fl2 = fl1 + timer.measure(f2, graph=True)["device_us"]
     for whiten in [w == "1" for w in opts.whiten.split(",")]:
-        for cfg, cap in [(c, p) for c in opts.configs.split(",") for p in caps]:
+        for cfg in opts.configs.split(","):
             bt, w, k = (*(int(x) for x in cfg.split(":")), 1)[:3]
             K.config = lambda n, t, bt=bt, w=w, k=k: (bt, w, k)
-            K.REG_CAP = cap == "1"
             for tile in (w_tiles or [default_tile]) if whiten else [default_tile]:
                 K.WHITEN_TILE = tile
                 name = ":".join(map(str, tile)) if whiten else "-"
@@ -60,10 +54,10 @@ for shape in opts.shapes.split(","):
                                              count_eps=1e-8, time_dim=-1)
                     d = timer.measure(fn, graph=True)["device_us"]
                 except Exception as e:  # noqa: BLE001
-                    print(f"| {shape} | {whiten} | {bt} | {w} | {k} | {cap} | {name} | error "
+                    print(f"| {shape} | {whiten} | {bt} | {w} | {k} | {name} | error "
                           f"{type(e).__name__}: {str(e)[:80]} | | |")
                     continue
                 fl = fl2 if whiten else fl1
-                print(f"| {shape} | {whiten} | {bt} | {w} | {k} | {cap} | {name} | {d:.1f} | "
+                print(f"| {shape} | {whiten} | {bt} | {w} | {k} | {name} | {d:.1f} | "
                       f"{fl:.1f} | {d / fl:.2f} |", flush=True)
-    K.config, K.WHITEN_TILE, K.REG_CAP = default, default_tile, True
+    K.config, K.WHITEN_TILE = default, default_tile

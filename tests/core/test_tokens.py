@@ -297,22 +297,6 @@ def test_nonfinite_rewards_on_masked_tokens_stay_there(where, skip):
                                rtol=0, atol=0)
 
 
-def test_reg_cap(monkeypatch):
-    """The scan's register cap lets every program be resident at once where that is
-    possible (65536 registers and 64 warps an SM), and is left off elsewhere."""
-    from rl_triton_core import _token_kernel as K
-
-    monkeypatch.setattr(K, "_sm_count", lambda device: 132)
-    cuda = torch.device("cuda")
-    assert K._reg_cap(256, 8, cuda) == 128  # two programs of 8 warps an SM
-    assert K._reg_cap(1024, 2, cuda) == 128  # eight of 2 warps
-    assert K._reg_cap(132, 8, cuda) is None  # one program an SM: 255, no cap
-    assert K._reg_cap(4096, 2, cuda) is None  # 32 programs an SM: more than one wave
-    assert K._reg_cap(256, 8, torch.device("cpu")) is None
-    monkeypatch.setattr(K, "REG_CAP", False)
-    assert K._reg_cap(256, 8, cuda) is None
-
-
 @pytest.mark.parametrize("skip", [True, False])
 def test_whitening_shift(where, monkeypatch, skip):
     """The kernel sums (x - k)^2 with k the first nonzero carry out of a chunk: valid
