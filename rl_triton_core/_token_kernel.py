@@ -213,15 +213,13 @@ def _add3(a1, b1, c1, a2, b2, c2):
 def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T, N,
                       g_hi, g_lo, gl_hi, gl_lo,
                       MODE: tl.constexpr, PACKED: tl.constexpr, WHITEN: tl.constexpr,
-                      FP64: tl.constexpr, BT: tl.constexpr, K: tl.constexpr,
-                      PREFETCH: tl.constexpr):
+                      FP64: tl.constexpr, BT: tl.constexpr, K: tl.constexpr):
     """One response per program, scanned from its end BT tokens at a time (chunks
     aligned to BT from its start, so loads vectorise; each thread holds rows of 4K
     consecutive tokens). Row bases are 64-bit scalars, token offsets 32-bit (the
     launcher checks a row's extent fits). Inputs by (row, token) strides; outputs
     contiguous (padded: row * T + t; packed: the stream's position). WS: the whitening
-    statistics of each response (count, mean, M2: [3, N]). PREFETCH: the next chunk's
-    loads are issued before this chunk's scan."""
+    statistics of each response (count, mean, M2: [3, N])."""
     row = tl.program_id(0)
     if PACKED:
         start = tl.load(CU + row).to(tl.int64)
@@ -267,11 +265,10 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
     top = n_chunks * BT  # the last chunk's end
     ts, oks, ms, rs, vs = _tile(R, V, M, top, L, i, j, srt, svt, smt, MODE, FP64, K)
     for _ in range(0, n_chunks):
-        if PREFETCH:
-            # the next chunk's loads first, in flight while this one is scanned (one
-            # program per response leaves few loads in flight per SM otherwise; past the
-            # response's start they load nothing)
-            nxt = _tile(R, V, M, top - BT, L, i, j, srt, svt, smt, MODE, FP64, K)
+        # the next chunk's loads first, in flight while this one is scanned (one program
+        # per response leaves few loads in flight per SM otherwise; past the response's
+        # start they load nothing)
+        nxt = _tile(R, V, M, top - BT, L, i, j, srt, svt, smt, MODE, FP64, K)
         if MODE == MODE_STATS:
             hs = vs
         else:
@@ -309,11 +306,7 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
                 s0 += tl.sum(ms[u].to(zero.dtype), axis=1)  # per row: in the thread
                 s1 += tl.sum(d, axis=1)
                 s2 += tl.sum(d * d, axis=1)
-        if PREFETCH:
-            ts, oks, ms, rs, vs = nxt
-        else:
-            ts, oks, ms, rs, vs = _tile(R, V, M, top - BT, L, i, j, srt, svt, smt, MODE,
-                                        FP64, K)
+        ts, oks, ms, rs, vs = nxt
         top -= BT
     if WHITEN:
         # every row's sums share the shift k: one sum over the rows
@@ -443,7 +436,8 @@ def _hilo(x: float):
 
 def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
     """(BT, num_warps, K) of the scan of ``n_rows`` responses of about ``n_tokens``
-    tokens: BT tokens per step, rows of 4K consecutive tokens per thread."""
+    tokens: BT tokens per step, rows of 4K consecutive tokens per thread (BT a multiple
+    of 4K, all powers of two)."""
     # Measured on the H200 (scripts/token_sweep.py, device time; docs/notes.md items
     # 50 and 64): the prefetch of the next chunk paid at every shape; 4096x16384 best at
     # 256 tokens and 2 warps, 1024x8192 at 512 and 2, 256x4096 (256 programs, one per
@@ -486,9 +480,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         if t is not None and (n_tok + 1) * t.stride(1) >= 2**31:
             raise ValueError(f"{name}: a response spans {n_tok} tokens of stride "
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
-    cfg = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
-    bt, warps, k = (*cfg, 1)[:3]  # (a 2-tuple: rows of 4 tokens)
-    k = max(1, min(k, bt // 4))
+    bt, warps, k = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
     ws = torch.empty(3 * n_rows, dtype=acc, device=device) if whiten else None
     vv = v if v is not None else src
     if mode != MODE_STATS or whiten:
@@ -497,7 +489,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
             n_tok, n_rows, *_hilo(g), *_hilo(gl),
             MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, K=k,
-            PREFETCH=packed or bt < n_tok, num_warps=warps)
+            num_warps=warps)
     if how is None:
         return
     fill = how[4]

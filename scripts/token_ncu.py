@@ -23,7 +23,7 @@ from rl_triton_core.bench import peers as P
 from rl_triton_core.bench.tokens import inputs
 
 if len(sys.argv) > 1:
-    cfg = tuple(int(x) for x in sys.argv[1].split(":"))
+    cfg = (*(int(x) for x in sys.argv[1].split(":")), 1)[:3]  # K = 1 when left out
     K.config = lambda n, t: cfg
 B, T = 256, 4096
 r, v, m = inputs(B, T, torch.float32, "cuda")

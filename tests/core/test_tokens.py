@@ -307,7 +307,7 @@ def test_whitening_shift(where, monkeypatch, skip):
         pytest.skip("the Triton kernel's tiling")
     from rl_triton_core import _token_kernel
 
-    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (16, 1))
+    monkeypatch.setattr(_token_kernel, "config", lambda n, t: (16, 1, 1))
     g = torch.Generator().manual_seed(5)
     B, T = 3, 1024
     r = torch.randn(B, T, generator=g)
