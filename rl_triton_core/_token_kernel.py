@@ -143,9 +143,10 @@ def _chunk(ms, rs, vs, oks, carry, carry_nv, g, gl, zero, MODE: tl.constexpr,
         h1, n = _step(m1, r1, v1, o1, h2, n, g, gl, MODE)
         a, n = _step(m0, r0, v0, o0, h1, n, g, gl, MODE)
         hs = hs + (_uncols(a, h1, h2, h3),)
-    last = lane == RW - 1  # the chunk's first token: row RW-1, token 0
-    ca, cn = tl.reduce((tl.where(last, oa, 0.0), tl.where(last, on, 0.0)), 0, _add2)
-    return hs, ca, cn
+    # the state after the chunk (row RW-1, its first token), on every lane: a gather (a
+    # reduction of the last lane took shuffles and a second exchange between warps)
+    first = tl.zeros([RW], tl.int32) + (RW - 1)
+    return hs, tl.gather(oa, first, 0), tl.gather(on, first, 0)
 
 
 @triton.jit
@@ -251,16 +252,15 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
     # constants, not reductions of zero: a reduction's layout conversions put barriers
     # before the first load
     z1 = tl.zeros([RW], zero.dtype)
-    z = tl.full([], 0.0, zero.dtype)
-    carry_nv = z
-    carry = z
+    carry_nv = z1  # the state after the later tokens, the same on every lane
+    carry = z1
     # whitening statistics per row, reduced once at the end: count, and the sum and sum
     # of squares of (h - k), k a shift near the data (no cancellation): the first
     # nonzero carry out of a chunk, an output of the scan itself
     s0 = z1
     s1 = z1
     s2 = z1
-    k = z
+    k = z1
     n_chunks = tl.cdiv(L, BT)
     top = n_chunks * BT  # the last chunk's end
     ts, oks, ms, rs, vs = _tile(R, V, M, top, L, i, j, srt, svt, smt, MODE, FP64, K)
@@ -291,7 +291,7 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
         if WHITEN:
             if MODE == MODE_STATS:  # the chunk's first token (0 where masked)
                 first = (i == RW - 1) & (j == 0) & ms[K - 1]
-                pick = tl.sum(tl.sum(tl.where(first, hs[K - 1], 0.0), axis=1), axis=0)
+                pick = z1 + tl.sum(tl.sum(tl.where(first, hs[K - 1], 0.0), axis=1), axis=0)
             else:
                 pick = carry
             # k: the first nonzero carry; what earlier chunks summed with k = 0 is
@@ -302,7 +302,7 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
             s1 = s1 - s0 * dk
             k = kn
             for u in tl.static_range(K):
-                d = tl.where(ms[u], hs[u] - k, 0.0)
+                d = tl.where(ms[u], hs[u] - k[:, None], 0.0)
                 s0 += tl.sum(ms[u].to(zero.dtype), axis=1)  # per row: in the thread
                 s1 += tl.sum(d, axis=1)
                 s2 += tl.sum(d * d, axis=1)
@@ -311,7 +311,8 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
     if WHITEN:
         # every row's sums share the shift k: one sum over the rows
         cnt, t1, t2 = tl.reduce((s0, s1, s2), 0, _add3)
-        mean = tl.where(cnt > 0, k + t1 / tl.maximum(cnt, 1.0), 0.0)
+        k0 = tl.sum(tl.where(tl.arange(0, RW) == 0, k, 0.0), axis=0)  # lane 0's (all equal)
+        mean = tl.where(cnt > 0, k0 + t1 / tl.maximum(cnt, 1.0), 0.0)
         m2 = tl.maximum(t2 - t1 * t1 / tl.maximum(cnt, 1.0), 0.0)
         tl.store(WS + row, cnt)
         tl.store(WS + N + row, mean)
@@ -319,174 +320,8 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
 
 
 @triton.jit
-def _seg(x, W: tl.constexpr):
-    """[W * 32] -> [W, 32]: a warp's rows along axis 1 (its lanes)."""
-    return tl.reshape(x, [W, 32])
-
-
-@triton.jit
-def _flat(x, W: tl.constexpr):
-    return tl.reshape(x, [W * 32])
-
-
-@triton.jit
-def _gather5(w, idx, axis: tl.constexpr):
-    return (tl.gather(w[0], idx, axis), tl.gather(w[1], idx, axis), tl.gather(w[2], idx, axis),
-            tl.gather(w[3], idx, axis), tl.gather(w[4], idx, axis))
-
-
-@triton.jit
-def token_fused_kernel(R, V, M, ADV, RET, WS, BAR, srn, srt, svn, svt, smn, smt, T, N,
-                       g, gl, ce_hi, ce_lo, eps_hi, eps_lo, fill,
-                       MODE: tl.constexpr, SYNC: tl.constexpr, SHIFT: tl.constexpr,
-                       FILL: tl.constexpr, UNBIASED: tl.constexpr, W: tl.constexpr,
-                       NC: tl.constexpr, RB: tl.constexpr):
-    """Whitened token advantages of a right-padded batch in one launch (float32), for
-    batches whose every response fits one program's registers and whose programs are all
-    resident at once (a cooperative launch).
-
-    One program per response, one warp per segment of NC chunks of 128 tokens (segment 0
-    the latest; a row of 4 tokens a lane), so no scan crosses a warp: (0) every chunk's
-    loads are issued; (1) each warp scans its chunks' row maps along its lanes and keeps
-    each row's entering map relative to its segment's entering state; (2) one scan over
-    the segments' maps gives those states, each thread runs the step over its rows, writes
-    the returns and keeps the advantages; (3) the response's (count, mean, M2) go to WS;
-    (4) with SYNC, after a grid barrier (BAR: arrivals in the low 31 bits, the top bit
-    flips when all have arrived, so the word needs no reset), every program combines the
-    statistics as :func:`whiten_kernel` does and writes its whitened advantages. Without
-    SYNC (the interpreter, which runs programs one after another) it writes the raw
-    advantages and :func:`whiten_kernel` follows."""
-    row = tl.program_id(0)
-    r64 = row.to(tl.int64)
-    R += r64 * srn
-    M += r64 * smn
-    ADV += r64 * T
-    if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
-        V += r64 * svn
-        RET += r64 * T
-    BT: tl.constexpr = 128
-    rho = tl.arange(0, W * 32)[:, None]
-    i = rho % 32
-    j = tl.arange(0, 4)[None, :]
-    end = (W - rho // 32) * (NC * BT)  # each segment's end
-    ts = ()
-    oks = ()
-    ms = ()
-    rs = ()
-    vs = ()
-    for c in tl.static_range(NC):
-        t = end - c * BT - 4 * (i + 1) + j
-        ok = t < T
-        m, r, v = _loads(R, V, M, t, ok, srt, svt, smt, MODE, False)
-        ts = ts + (t,)
-        oks = oks + (ok,)
-        ms = ms + (m,)
-        rs = rs + (r,)
-        vs = vs + (v,)
-    lane = tl.arange(0, 32)[None, :]
-    zi = tl.zeros([W, 32], tl.int32)
-    prev = tl.maximum(lane - 1, 0) + zi
-    last = zi + 31
-    z = tl.zeros([W, 32], tl.float32)
-    one = z + 1.0
-    seg_map = (z, z, one, z, one)  # the segment's chunks so far, composed
-    es = ()
-    for c in tl.static_range(NC):
-        m0, m1, m2, m3 = _cols(ms[c])
-        r0, r1, r2, r3 = _cols(rs[c])
-        v0, v1, v2, v3 = _cols(vs[c])
-        o0, o1, o2, o3 = _cols(oks[c])
-        z1 = tl.zeros([W * 32], tl.float32)
-        w = (z1, z1, z1 + 1.0, z1, z1 + 1.0)
-        w = _compose(w, m3, r3, v3, o3, g, gl, MODE)
-        w = _compose(w, m2, r2, v2, o2, g, gl, MODE)
-        w = _compose(w, m1, r1, v1, o1, g, gl, MODE)
-        w = _compose(w, m0, r0, v0, o0, g, gl, MODE)
-        inc = tl.associative_scan((_seg(w[0], W), _seg(w[1], W), _seg(w[2], W),
-                                   _seg(w[3], W), _seg(w[4], W)), 1, _combine2)
-        before = _gather5(inc, prev, 1)  # the rows after this one, in this chunk
-        first = lane == 0
-        ex = (tl.where(first, z, before[0]), tl.where(first, z, before[1]),
-              tl.where(first, one, before[2]), tl.where(first, z, before[3]),
-              tl.where(first, one, before[4]))
-        es = es + (_combine2(*seg_map, *ex),)
-        seg_map = _combine2(*seg_map, *_gather5(inc, last, 1))
-    # the state entering segment s: the segments before it (later tokens) applied to the
-    # response's end state (0, 0)
-    # response's end state (0, 0), passed from warp to warp (a scan across the warps, or a
-    # gather across them, moved every map through shared memory)
-    sid = tl.arange(0, W)[:, None] + zi
-    pa = z
-    pn = z
-    for s in tl.static_range(1, W):
-        na = seg_map[2] * pa + seg_map[3] * pn + seg_map[0]  # the state after each segment
-        nn = seg_map[4] * pn + seg_map[1]
-        sa, sn = tl.reduce((tl.where(sid == s - 1, na, 0.0), tl.where(sid == s - 1, nn, 0.0)),
-                           0, _add2)
-        pa = tl.where(sid == s, sa[None, :], pa)
-        pn = tl.where(sid == s, sn[None, :], pn)
-    xs = ()
-    cnt = tl.zeros([W * 32], tl.float32)  # per row, summed over the chunks, then reduced
-    tot = cnt
-    for c in tl.static_range(NC):
-        e = es[c]
-        a = _flat(e[0] + e[2] * pa + e[3] * pn, W)
-        n = _flat(e[1] + e[4] * pn, W)
-        m0, m1, m2, m3 = _cols(ms[c])
-        r0, r1, r2, r3 = _cols(rs[c])
-        v0, v1, v2, v3 = _cols(vs[c])
-        o0, o1, o2, o3 = _cols(oks[c])
-        h3, n = _step(m3, r3, v3, o3, a, n, g, gl, MODE)
-        h2, n = _step(m2, r2, v2, o2, h3, n, g, gl, MODE)
-        h1, n = _step(m1, r1, v1, o1, h2, n, g, gl, MODE)
-        h0, n = _step(m0, r0, v0, o0, h1, n, g, gl, MODE)
-        h = _uncols(h0, h1, h2, h3)
-        if MODE == MODE_GAE_SKIP:
-            tl.store(RET + ts[c], (h + vs[c]).to(RET.dtype.element_ty), mask=oks[c])
-        elif MODE == MODE_GAE_MUL:
-            tl.store(RET + ts[c], (h + tl.where(ms[c], vs[c], 0.0)).to(RET.dtype.element_ty),
-                     mask=oks[c])
-        elif MODE == MODE_RET_SKIP:
-            h = tl.where(ms[c], h, 0.0)
-        xs = xs + (h,)
-        cnt += tl.sum(ms[c].to(tl.float32), axis=1)
-        tot += tl.sum(tl.where(ms[c], h, 0.0), axis=1)
-    # the response's statistics, in two passes over the registers
-    cnt, tot = tl.reduce((cnt, tot), 0, _add2)
-    mean = tl.where(cnt > 0, tot / tl.maximum(cnt, 1.0), 0.0)
-    m2 = tl.zeros([W * 32], tl.float32)
-    for c in tl.static_range(NC):
-        d = tl.where(ms[c], xs[c] - mean, 0.0)
-        m2 += tl.sum(d * d, axis=1)
-    m2 = tl.sum(m2, axis=0)
-    tl.store(WS + row, cnt)
-    tl.store(WS + N + row, mean)
-    tl.store(WS + 2 * N + row, m2)
-    if SYNC:
-        tl.debug_barrier()
-        old = tl.atomic_add(BAR, 1, sem="release", scope="gpu")
-        if (old & 0x7FFFFFFF) == N - 1:  # the last arrival: low bits to 0, top bit flips
-            tl.atomic_add(BAR, 0x7FFFFFFF - N + 1, sem="relaxed", scope="gpu")
-        gen = old < 0
-        while (tl.atomic_add(BAR, 0, sem="acquire", scope="gpu") < 0) == gen:
-            pass
-        tl.debug_barrier()
-        mu, rstd = _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED, False, RB, True)
-        for c in tl.static_range(NC):
-            y = (xs[c] - mu) * rstd
-            if not SHIFT:
-                y = y + mu
-            if FILL:
-                y = tl.where(ms[c], y, fill)
-            tl.store(ADV + ts[c], y.to(ADV.dtype.element_ty), mask=oks[c])
-    else:
-        for c in tl.static_range(NC):
-            tl.store(ADV + ts[c], xs[c].to(ADV.dtype.element_ty), mask=oks[c])
-
-
-@triton.jit
 def _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
-               FP64: tl.constexpr, RB: tl.constexpr, VOLATILE: tl.constexpr = False):
+               FP64: tl.constexpr, RB: tl.constexpr):
     """Combine the N responses' (count, mean, M2) in a fixed order into the whitening's
     mean and 1/std as the frameworks define them:
     mean = S / (n + count_eps), var = sum (x - mean)^2 / (n + count_eps) [* n / (n - 1)]."""
@@ -494,14 +329,14 @@ def _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
     # no division per pair (the mean's rounding enters M2 to second order only)
     lane = tl.arange(0, RB)
     ok = lane < N
-    n0 = tl.load(WS + lane, mask=ok, other=0.0, volatile=VOLATILE)
-    m0 = tl.load(WS + N + lane, mask=ok, other=0.0, volatile=VOLATILE)
-    q0 = tl.load(WS + 2 * N + lane, mask=ok, other=0.0, volatile=VOLATILE)
+    n0 = tl.load(WS + lane, mask=ok, other=0.0)
+    m0 = tl.load(WS + N + lane, mask=ok, other=0.0)
+    q0 = tl.load(WS + 2 * N + lane, mask=ok, other=0.0)
     cnt, tot = tl.reduce((n0, n0 * m0), 0, _add2)
     for s in range(RB, N, RB):
         i = s + lane
-        nb = tl.load(WS + i, mask=i < N, other=0.0, volatile=VOLATILE)
-        mb = tl.load(WS + N + i, mask=i < N, other=0.0, volatile=VOLATILE)
+        nb = tl.load(WS + i, mask=i < N, other=0.0)
+        mb = tl.load(WS + N + i, mask=i < N, other=0.0)
         c, t = tl.reduce((nb, nb * mb), 0, _add2)
         cnt += c
         tot += t
@@ -509,9 +344,9 @@ def _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
     m2 = tl.sum(q0 + n0 * (m0 - mean) * (m0 - mean), axis=0)
     for s in range(RB, N, RB):
         i = s + lane
-        nb = tl.load(WS + i, mask=i < N, other=0.0, volatile=VOLATILE)
-        mb = tl.load(WS + N + i, mask=i < N, other=0.0, volatile=VOLATILE)
-        qb = tl.load(WS + 2 * N + i, mask=i < N, other=0.0, volatile=VOLATILE)
+        nb = tl.load(WS + i, mask=i < N, other=0.0)
+        mb = tl.load(WS + N + i, mask=i < N, other=0.0)
+        qb = tl.load(WS + 2 * N + i, mask=i < N, other=0.0)
         m2 += tl.sum(qb + nb * (mb - mean) * (mb - mean), axis=0)
     ce = _num(ce_hi, ce_lo, FP64)
     eps = _num(eps_hi, eps_lo, FP64)
@@ -629,42 +464,6 @@ def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
 WHITEN_TILE = (16, 1024, 4)
 
 
-# The one-launch path (token_fused_kernel): whitened right-padded batches of at most
-# FUSED_MAX_T tokens a response (float32 arithmetic), every program resident at once;
-# FUSED = False keeps every call on the scan and the whitening pass
-FUSED = True
-FUSED_MAX_T = 4096
-FUSED_MAXNREG = 128  # so that residency follows from the launch's shape alone
-_BARRIER: dict = {}
-
-
-def _fused_shape(n_tok: int) -> tuple[int, int]:
-    """(W, NC): W warps (segments) of NC chunks of 128 tokens cover a response."""
-    nc = max(1, triton.cdiv(n_tok, 1024))
-    return triton.next_power_of_2(max(1, triton.cdiv(n_tok, 128 * nc))), nc
-
-
-def _fused_fits(n_rows: int, warps: int, device) -> bool:
-    """Whether n_rows programs of ``warps`` warps at FUSED_MAXNREG registers a thread are
-    all resident at once on ``device`` (a grid barrier needs them to be)."""
-    if device.type != "cuda":
-        return True  # the interpreter runs the barrier-free variant
-    per_sm = min(65536 // (warps * 32 * FUSED_MAXNREG), 64 // warps, 32)
-    return n_rows <= per_sm * _sm_count(device)
-
-
-def _barrier(device):
-    """The grid barrier's word for the current stream: zeroed once; each launch leaves it
-    with its top bit flipped and the rest 0, which the next launch starts from."""
-    import torch
-
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    word = _BARRIER.get(key)
-    if word is None:
-        word = _BARRIER[key] = torch.zeros(1, dtype=torch.int32, device=device)
-    return word
-
-
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     """Launch the scan (and the whitening) on ``[R, P]`` views; outputs ``[R, P]``
     contiguous. ``how``: None or (count_eps, eps, unbiased, shift, fill)."""
@@ -682,11 +481,6 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         if t is not None and (n_tok + 1) * t.stride(1) >= 2**31:
             raise ValueError(f"{name}: a response spans {n_tok} tokens of stride "
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
-    if (FUSED and whiten and not packed and not fp64 and mode != MODE_STATS
-            and 0 < n_tok <= FUSED_MAX_T and n_rows > 0):
-        w, nc = _fused_shape(n_tok)
-        if _fused_fits(n_rows, w, device):
-            return _run_fused(mode, r, v, m, g, gl, out0, out1, how, w, nc)
     bt, warps, k = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
     ws = torch.empty(3 * n_rows, dtype=acc, device=device) if whiten else None
     vv = v if v is not None else src
@@ -715,37 +509,3 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BLOCK=block,
         RB=max(128, min(2048, triton.next_power_of_2(n_rows))),
         num_warps=w_warps)
-
-
-def _run_fused(mode, r, v, m, g, gl, out0, out1, how, w, nc):
-    """token_fused_kernel on ``[R, P]`` views: one launch on a GPU (a cooperative grid);
-    in the interpreter, its barrier-free variant and then the whitening pass."""
-    import torch
-
-    n_rows, n_tok = r.shape
-    device = r.device
-    sync = device.type == "cuda"
-    ws = torch.empty(3 * n_rows, dtype=torch.float32, device=device)
-    bar = _barrier(device) if sync else ws
-    vv = v if v is not None else r
-    count_eps, eps, unbiased, shift, fill = how
-    rb = max(128, min(2048, triton.next_power_of_2(n_rows)))
-    extra = {"launch_cooperative_grid": True, "maxnreg": FUSED_MAXNREG} if sync else {}
-    token_fused_kernel[(n_rows,)](
-        r, vv, m, out0, out1 if out1 is not None else out0, ws, bar,
-        r.stride(0), r.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
-        n_tok, n_rows, float(g), float(gl), *_hilo(count_eps), *_hilo(eps),
-        0.0 if fill is None else fill,
-        MODE=mode, SYNC=sync, SHIFT=bool(shift), FILL=fill is not None,
-        UNBIASED=bool(unbiased), W=w, NC=nc, RB=rb, num_warps=w, **extra)
-    if not sync:
-        per_sm, block, w_warps = WHITEN_TILE
-        t_blocks = triton.cdiv(n_tok, block)
-        flat = fill is None or m.is_contiguous()
-        n_blocks = triton.cdiv(out0.numel(), block) if flat else n_rows * t_blocks
-        whiten_kernel[(max(1, min(n_blocks, per_sm * _sm_count(device))),)](
-            out0, m, out0, ws, n_rows, out0.stride(0), out0.stride(1), m.stride(0),
-            m.stride(1), n_tok, out0.numel(), n_blocks, t_blocks,
-            0.0 if fill is None else fill, *_hilo(count_eps), *_hilo(eps), NORM=True,
-            SHIFT=bool(shift), FILL=fill is not None, FLAT=flat, UNBIASED=bool(unbiased),
-            FP64=False, BLOCK=block, RB=rb, num_warps=w_warps)

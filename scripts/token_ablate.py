@@ -10,8 +10,10 @@ mode, fp32, right-padded [N, T], no whitening.
 LEVEL 1: loads and stores (h = r - v where valid); 2: + each thread's row maps composed
 and the step run over its row from the zero state; 3: + the scan across the rows (the
 state entering a row taken as the scan's output, no gather); 4: + the gather; 5: + the
-carry to the next chunk (the production loop). W: segments of the response, one a warp
-(rows of a segment are a warp's lanes); W = 1 is the production layout.
+carry to the next chunk by a reduction of the last row (the loop before 2026-12-03); 6:
+the carry by a gather from the last row instead (the loop since). W: segments of the
+response, one a warp (rows of a segment are a warp's lanes); W = 1 is the production
+layout. Then the whitening pass alone, with and without its combine of the statistics.
 """
 import argparse
 

@@ -94,16 +94,10 @@ def test_masked_gae(where, kind, dtype, skip):
 @pytest.mark.parametrize("kind", ["right", "multi"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("count_eps,fill", [(1e-8, None), (0.0, 0.0)])
-@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-passes"])
-def test_masked_gae_whitened(where, monkeypatch, kind, dtype, count_eps, fill, fused):
+def test_masked_gae_whitened(where, kind, dtype, count_eps, fill):
     # bfloat16 data: the advantages are whitened as stored, rounded to bfloat16, against
     # the float64 reference on the same inputs (bfloat16's tolerance)
     device, backend = where
-    if backend == "cpu" and not fused:
-        pytest.skip("the Triton kernels' choice")
-    from rl_triton_core import _token_kernel
-
-    monkeypatch.setattr(_token_kernel, "FUSED", fused)
     for i, (B, T) in enumerate(_shapes(backend)[1:]):
         seed = 1000 * i + 11
         r, v, m = _inputs(seed, B, T, dtype, kind, device)
@@ -314,7 +308,6 @@ def test_whitening_shift(where, monkeypatch, skip):
     from rl_triton_core import _token_kernel
 
     monkeypatch.setattr(_token_kernel, "config", lambda n, t: (16, 1, 1))
-    monkeypatch.setattr(_token_kernel, "FUSED", False)  # the scan's statistics
     g = torch.Generator().manual_seed(5)
     B, T = 3, 1024
     r = torch.randn(B, T, generator=g)
@@ -333,96 +326,6 @@ def test_whitening_shift(where, monkeypatch, skip):
     x[0, 992:] = 0.0
     _close(rc.masked_whiten(x, m), ref.masked_whiten(x.double(), m),
            torch.float32, "masked_whiten")
-
-
-@pytest.mark.parametrize("T", [1, 5, 128, 300, 1100])
-def test_one_launch_shapes(where, monkeypatch, T):
-    """The one-launch whitened path over its shapes (W warps of NC chunks: 1x1 to 8x2),
-    both flag conventions, fill, the biased variance, bf16 values and strided (time-major)
-    inputs, against the float64 reference; the launch is checked to be the one-launch
-    kernel."""
-    device, backend = where
-    if backend == "cpu":
-        pytest.skip("the Triton kernels' choice")
-    from rl_triton_core import _token_kernel
-
-    calls = []
-    real = _token_kernel._run_fused
-    monkeypatch.setattr(_token_kernel, "_run_fused", lambda *a: calls.append(a) or real(*a))
-    B = 3
-    for i, (skip, fill, unbiased, vdt) in enumerate([
-            (True, None, True, torch.float32), (False, 0.0, False, torch.float32),
-            (True, -1.0, True, torch.bfloat16)]):
-        r, v, m = _inputs(40 + i, B, T, torch.float32, "multi", device)
-        m[0, 0] = True
-        m[0, -1] = True
-        v = v.to(vdt)
-        a, ret = rc.masked_gae(r, v, m, gamma=0.95, lmbda=0.9, skip=skip, whiten=True,
-                               count_eps=1e-8, fill=fill, unbiased=unbiased, time_dim=-1)
-        wa, wret = ref.masked_gae(r, v, m, gamma=0.95, lmbda=0.9, skip=skip, whiten=True,
-                                  count_eps=1e-8, fill=fill, unbiased=unbiased, time_dim=-1)
-        what = f"T={T} skip={skip} fill={fill} unbiased={unbiased} values {vdt}"
-        if T > 1:  # one valid token: an infinite or NaN whitening, as the reference's
-            _close(a, wa, torch.float32, "whitened advantages " + what)
-        _close(ret, wret, torch.float32, "returns " + what)
-    r, v, m = _inputs(50, B, T, torch.float32, "multi", device)
-    m[0, 0] = True
-    a, ret = rc.masked_gae(r.t().contiguous().t(), v.t().contiguous().t(),
-                           m.t().contiguous().t(), gamma=0.9, lmbda=0.8, whiten=True,
-                           time_dim=-1)
-    wa, wret = ref.masked_gae(r, v, m, gamma=0.9, lmbda=0.8, whiten=True, time_dim=-1)
-    if T > 1:
-        _close(a, wa, torch.float32, f"strided T={T}")
-    _close(ret, wret, torch.float32, f"strided returns T={T}")
-    assert len(calls) == 4
-
-
-@pytest.mark.gpu
-def test_one_launch_graphs_streams_and_fallback():
-    """On CUDA: the one-launch path inside a captured CUDA graph (replayed), on two
-    streams at once (each stream its own barrier word), and a batch too large for every
-    program to be resident (the two passes): all equal the reference."""
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA")
-    from rl_triton_core import _token_kernel
-
-    def check(r, v, m, a, what):
-        wa, _ = ref.masked_gae(r.double(), v.double(), m, gamma=0.99, lmbda=0.95,
-                               whiten=True, time_dim=-1)
-        _close(a, wa, torch.float32, what)
-
-    def call(r, v, m):
-        return rc.masked_gae(r, v, m, gamma=0.99, lmbda=0.95, whiten=True, time_dim=-1)[0]
-
-    r, v, m = _inputs(60, 64, 2000, torch.float32, "multi", "cuda")
-    call(r, v, m)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call(r, v, m)
-    for seed in (61, 62):
-        r2, v2, m2 = _inputs(seed, 64, 2000, torch.float32, "multi", "cuda")
-        r.copy_(r2)
-        v.copy_(v2)
-        m.copy_(m2)
-        graph.replay()
-        torch.cuda.synchronize()
-        check(r, v, m, out, f"graph replay seed={seed}")
-    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
-    ins = [_inputs(70 + i, 128, 4096, torch.float32, "multi", "cuda") for i in range(2)]
-    torch.cuda.synchronize()
-    outs = []
-    for _ in range(5):
-        for s, x in zip((s1, s2), ins):
-            with torch.cuda.stream(s):
-                outs.append((x, call(*x)))
-    torch.cuda.synchronize()
-    for i, (x, a) in enumerate(outs):
-        check(*x, a, f"two streams, call {i}")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    B = 2 * sms + 1  # 8-warp programs, two an SM at most: not all resident
-    assert not _token_kernel._fused_fits(B, 8, torch.device("cuda"))
-    x = _inputs(80, B, 4096, torch.float32, "multi", "cuda")
-    check(*x, call(*x), "two passes")
 
 
 @pytest.mark.gpu
