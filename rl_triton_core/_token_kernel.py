@@ -206,8 +206,8 @@ def _add2(a1, b1, a2, b2):
 
 
 @triton.jit
-def _add4(a1, b1, c1, d1, a2, b2, c2, d2):
-    return a1 + a2, b1 + b2, c1 + c2, d1 + d2
+def _add3(a1, b1, c1, a2, b2, c2):
+    return a1 + a2, b1 + b2, c1 + c2
 
 
 @triton.jit
@@ -310,9 +310,9 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
         top -= BT
     if WHITEN:
         # every row's sums share the shift k: one sum over the rows
-        # (k is the same on every lane: the sum of s0 k is the count times k)
-        cnt, t1, t2, tk = tl.reduce((s0, s1, s2, s0 * k), 0, _add4)
-        mean = tl.where(cnt > 0, (tk + t1) / tl.maximum(cnt, 1.0), 0.0)
+        cnt, t1, t2 = tl.reduce((s0, s1, s2), 0, _add3)
+        k0 = tl.sum(tl.where(tl.arange(0, RW) == 0, k, 0.0), axis=0)  # lane 0's (all equal)
+        mean = tl.where(cnt > 0, k0 + t1 / tl.maximum(cnt, 1.0), 0.0)
         m2 = tl.maximum(t2 - t1 * t1 / tl.maximum(cnt, 1.0), 0.0)
         tl.store(WS + row, cnt)
         tl.store(WS + N + row, mean)
