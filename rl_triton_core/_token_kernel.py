@@ -104,7 +104,8 @@ def _compose(w, m, r, v, ok, g, gl, MODE: tl.constexpr):
 def _chunk(ms, rs, vs, oks, carry, carry_nv, g, gl, zero, MODE: tl.constexpr,
            K: tl.constexpr):
     """The states of a chunk's tokens given the state (carry, carry_nv) after the later
-    tokens, and the state after the whole chunk. The chunk is RW rows (row 0 the latest)
+    tokens ([RW] tensors, the same value on every lane), and the state after the whole
+    chunk (likewise). The chunk is RW rows (row 0 the latest)
     of K sub-rows of 4 tokens (sub-row 0 the latest), the K-tuples ``ms, rs, vs, oks``
     of [RW, 4] tensors; one row per thread. Each thread composes its row's steps into
     one map in registers, a FORWARD scan over the rows gives the state after every row,
