@@ -105,9 +105,9 @@ def _chunk(ms, rs, vs, oks, carry, carry_nv, g, gl, zero, MODE: tl.constexpr,
            K: tl.constexpr):
     """The states of a chunk's tokens given the state (carry, carry_nv) after the later
     tokens ([RW] tensors, the same value on every lane), and the state after the whole
-    chunk (likewise). The chunk is RW rows (row 0 the latest)
-    of K sub-rows of 4 tokens (sub-row 0 the latest), the K-tuples ``ms, rs, vs, oks``
-    of [RW, 4] tensors; one row per thread. Each thread composes its row's steps into
+    chunk (likewise). The chunk is RW rows (row 0 the latest) of K sub-rows of 4 tokens
+    (sub-row 0 the latest), the K-tuples ``ms, rs, vs, oks`` of [RW, 4] tensors; one row
+    per thread. Each thread composes its row's steps into
     one map in registers, a FORWARD scan over the rows gives the state after every row,
     and the state entering row i is the one after row i - 1, moved one lane by a gather;
     each thread then runs the steps over its row from there. (A reverse

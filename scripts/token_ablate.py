@@ -11,7 +11,7 @@ LEVEL 1: loads and stores (h = r - v where valid); 2: + each thread's row maps c
 and the step run over its row from the zero state; 3: + the scan across the rows (the
 state entering a row taken as the scan's output, no gather); 4: + the gather; 5: + the
 carry to the next chunk by a reduction of the last row (the loop before 2026-12-03); 6:
-the carry by a gather from the last row instead (the loop since). W: segments of the
+the carry by a gather from the last row instead (the loop since; W = 1 only). W: segments of the
 response, one a warp (rows of a segment are a warp's lanes); W = 1 is the production
 layout. Then the whitening pass alone, with and without its combine of the statistics.
 """
@@ -161,6 +161,8 @@ def whiten_only(x, ws, n_rows, norm):
 
 
 def launch(r, v, m, adv, ret, level, W, RW, warps):
+    if level == 6 and W != 1:
+        raise ValueError("level 6 (the carry by a gather) is built for W = 1 only")
     abl_kernel[(r.shape[0],)](r, v, m, adv, ret, r.stride(0), m.stride(0), r.shape[1],
                               1.0, 0.95, LEVEL=level, W=W, RW=RW, num_warps=warps)
     return adv, ret
