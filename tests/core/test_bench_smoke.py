@@ -283,3 +283,95 @@ def test_cuda_timer_measures_device_time():
     assert 0 < res["device_us"] <= res["b2b_us"] * 1.5
     assert res["full_us"] > 0 and math.isclose(res["out_mb"], 4.0)
     assert res["extra_mem_mb"] >= 4.0
+
+
+# --- the CPU table (rl_triton_core.bench.cpu_peers) ---------------------------------------
+
+
+@pytest.mark.parametrize("flags", ["bool", "float", "one bool"])
+def test_cpu_floor_reads_every_input_and_reuses_its_outputs(flags):
+    from rl_triton_core.bench import cpu_peers as C
+
+    g = torch.Generator().manual_seed(0)
+    n = 2 * C._BLOCK + 37  # more than one block in each half of the two-thread variant
+    shape = (n, 1)
+    nums = [torch.randn(shape, generator=g) for _ in range(3 if flags != "float" else 2)]
+    if flags == "float":
+        fl = [(torch.rand(shape, generator=g) < 0.3).float() for _ in range(2)]
+        want = nums[0] + nums[1] + fl[0] + fl[1]
+    elif flags == "bool":
+        fl = [torch.rand(shape, generator=g) < 0.3 for _ in range(2)]
+        want = nums[0] + nums[1] + nums[2] + (fl[0] ^ fl[1]).float()
+    else:
+        fl = [torch.rand(shape, generator=g) < 0.3]
+        want = nums[0] + nums[1] + nums[2] + fl[0].float()
+    ins = nums + fl
+    threads = torch.get_num_threads()
+    variants = C.floor_variants(ins, nums[0])
+    assert set(variants) == {"numpy 1t", "numpy 2t", "torch 1t", "torch 2t"}
+    first = None
+    for name, fn in variants.items():
+        o0, o1 = fn()
+        assert torch.get_num_threads() == threads, name  # restored
+        assert o0.shape == shape and o0.dtype == o1.dtype == torch.float32
+        torch.testing.assert_close(o0, want, msg=name)
+        torch.testing.assert_close(o1, want / 2, msg=name)
+        first = first or (o0, o1)
+        assert fn()[0] is first[0] and fn()[1] is first[1]  # the same two, every call
+        assert o0.data_ptr() == first[0].data_ptr()
+    # each input counts, in both halves and past a block boundary
+    for k, x in enumerate(ins):
+        for i in (5, C._BLOCK + 1, n // 2 + 3, n - 1):
+            before = [fn()[0][i].item() for fn in variants.values()]
+            x[i] = ~x[i] if x.dtype == torch.bool else x[i] + 8
+            after = [fn()[0][i].item() for fn in variants.values()]
+            assert all(a != b for a, b in zip(after, before)), (k, i)
+
+
+def test_cpu_fresh_row_parser_and_child():
+    from rl_triton_core.bench import cpu_peers as C
+
+    out = ("some warning\n" + C.FRESH_TAG
+           + json.dumps(dict(case="tm128x4", import_ms=800.0, ms=[30.0] + [5.0] * 11,
+                             equal=True)) + "\nmore\n")
+    row = C.parse_fresh(out)
+    assert row["max_ms"] == 30.0 and row["sum_ms"] == 85.0 and row["ok"] and row["equal"]
+    assert not C.parse_fresh(out.replace("30.0", "51.0"))["ok"]  # one call over 50 ms
+    assert not C.parse_fresh(out.replace("5.0", "6.5"))["ok"]  # 101.5 ms in all
+    with pytest.raises(ValueError, match="FRESH-ROW"):
+        C.parse_fresh("Traceback ...\n")
+    lines = C.fresh_table([dict(row, cache="warm")])
+    assert lines[-1].startswith("| [128, 4] time-major") and "| 30.00 | 85.00 | yes | yes |" \
+        in lines[-1]
+    # the child's own code, run here (not fresh: its measurement and its output line)
+    ns = {"__name__": "not_main"}
+    exec(C._CHILD, ns)
+    row = C.parse_fresh(ns["run"]("tm128x4", 3, 1.0))
+    assert row["case"] == "tm128x4" and len(row["ms"]) == 3 and row["equal"] is True
+    assert C._child_env()["PATH"] and "TRITON_INTERPRET" not in C._child_env()
+
+
+def test_cpu_peer_table_columns():
+    from rl_triton_core.bench import cpu_peers as C
+
+    row = dict(peer="P", shape="[2]", peer_ms=100.0, ours_ms=2.0, floor_ms=1.0,
+               floor_variant="numpy 2t", max_err=1e-6)
+    lines = C.peer_table([[row, dict(peer="Q", skip="not importable (x)")],
+                          [dict(row, ours_ms=4.0, floor_variant="torch 1t"),
+                           dict(peer="Q", skip="not importable (x)")]],
+                         extra=[dict(row, peer="verl", floor_variant=None)])
+    assert lines[0] == C.PEER_HEADER
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[3] == "3.000 (2.000-4.000)" and cells[4] == "38 (25-50)x"
+    assert cells[5] == "1.000 (1.000-1.000) (numpy 2t, torch 1t)"
+    assert cells[6] == "3.00 (2.00-4.00)x" and cells[7] == "100 (100-100)x"
+    assert "n/a: not importable" in lines[3]
+    assert lines[4].startswith("| verl | [2] | 100.00 | 2.000 | 50x | 1.000 (-) | 2.00x")
+    assert any(line.startswith("Machine: ") and "cores" in line for line in C.machine_lines())
+
+
+def test_cli_cpu_table_options():
+    from rl_triton_core.bench import __main__ as cli
+
+    args = cli.parse(["--cpu-reps", "5", "--no-cpu-table"])
+    assert args.cpu_reps == 5 and args.no_cpu_table and args.cpu_rounds == 1
