@@ -6,7 +6,11 @@ Runs the benchmark on the CUDA GPU and writes ``<out>/benchmarks.json`` (header 
 record per row), ``<out>/benchmarks.md`` and the PNG plots. Without a GPU (or with
 ``--cpu-smoke``) it runs only a tiny CPU smoke mode into ``<out>/cpu_smoke/``: the
 harness logic, the CPU path as the implementation, perf_counter timings, the floor
-kernel in the Triton interpreter.
+kernel in the Triton interpreter. Without a GPU it then prints the CPU table
+(``rl_triton_core.bench.cpu_peers``: the machine and versions, our CPU path against
+RLlib's and TorchRL's GAE and the same-bytes floor, verl's token rows where verl
+imports, a fresh process's first 12 calls) and writes it to
+``<out>/cpu_smoke/cpu_table.md``; ``--no-cpu-table`` leaves it out.
 """
 
 from __future__ import annotations
@@ -85,6 +89,15 @@ def parse(argv=None):
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny CPU run of the harness logic (the default without a GPU)")
     ap.add_argument("--no-progress", action="store_true")
+    cpu = ap.add_argument_group("the CPU table (no GPU only)")
+    cpu.add_argument("--no-cpu-table", action="store_true",
+                     help="without a GPU, skip the CPU table after the smoke mode")
+    cpu.add_argument("--cpu-reps", type=int, default=30,
+                     help="interleaved calls per peer row of the CPU table (default 30)")
+    cpu.add_argument("--cpu-rounds", type=int, default=1,
+                     help="rounds of the CPU table's peer rows (default 1)")
+    cpu.add_argument("--cpu-cold", action="store_true",
+                     help="the fresh-process rows with numba's disk cache cold too")
     return ap.parse_args(argv)
 
 
@@ -166,7 +179,22 @@ def main(argv=None) -> int:
         for r in wrong[:20]:
             print(f"  {r['estimator']} {r['shape']} {r['layout']} {r['trunc']}: {r['note']}",
                   file=sys.stderr)
+    if not cuda and not args.no_cpu_table:
+        cpu_table(args, out)
     return 1 if wrong else 0
+
+
+def cpu_table(args, out: Path) -> list:
+    """Print (and write to ``<out>/cpu_table.md``) the CPU table of ``cpu_peers``."""
+    from rl_triton_core.bench import cpu_peers
+
+    print("[bench] the CPU table (rl_triton_core.bench.cpu_peers):", file=sys.stderr)
+    lines = cpu_peers.cpu_report(reps=args.cpu_reps, rounds=args.cpu_rounds, fresh=True,
+                                 cold=args.cpu_cold)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (out / "cpu_table.md").write_text(text)
+    return lines
 
 
 def _reexec_interpreted():

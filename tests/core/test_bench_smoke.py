@@ -375,3 +375,20 @@ def test_cli_cpu_table_options():
 
     args = cli.parse(["--cpu-reps", "5", "--no-cpu-table"])
     assert args.cpu_reps == 5 and args.no_cpu_table and args.cpu_rounds == 1
+
+
+def test_cli_cpu_table_prints_and_writes(tmp_path, monkeypatch, capsys):
+    from rl_triton_core.bench import __main__ as cli
+    from rl_triton_core.bench import cpu_peers as C
+
+    seen = {}
+
+    def fake(**kw):
+        seen.update(kw)
+        return ["Machine: test", "| peer | ... |"]
+
+    monkeypatch.setattr(C, "cpu_report", fake)
+    cli.cpu_table(cli.parse(["--cpu-reps", "3", "--cpu-cold"]), tmp_path)
+    assert seen == dict(reps=3, rounds=1, fresh=True, cold=True)
+    assert "Machine: test" in capsys.readouterr().out
+    assert (tmp_path / "cpu_table.md").read_text() == "Machine: test\n| peer | ... |\n"
