@@ -388,7 +388,8 @@ def run(case, calls, work_ms):
         if i in (0, 1, calls - 1):
             keep[i] = tuple(o.clone() for o in out)
     equal = same(keep[0], keep[1]) and same(keep[0], keep[calls - 1])
-    return "FRESH-ROW " + json.dumps(dict(case=case, import_ms=t_imp, ms=ms, equal=equal))
+    return "FRESH-ROW " + json.dumps(dict(case=case, import_ms=t_imp, ms=ms, equal=equal,
+                                          numba="numba" in sys.modules))
 
 
 if __name__ == "__main__":
@@ -397,7 +398,8 @@ if __name__ == "__main__":
 
 
 def parse_fresh(stdout):
-    """The child's row (a dict: case, import_ms, ms (each call's), equal) from its stdout
+    """The child's row (a dict: case, import_ms, ms (each call's), equal, numba (whether
+    numba was loaded in the child after its calls)) from its stdout
     (other lines, warnings say, are skipped), with max_ms, sum_ms and ok (the targets)."""
     for line in reversed(stdout.splitlines()):
         if line.startswith(FRESH_TAG):
@@ -445,12 +447,13 @@ def fresh_table(rows):
              f"(ms) after `import rl_triton_core`, {FRESH_WORK_MS:.0f} ms of GIL-holding "
              f"Python work between calls; targets: no call over {FRESH_MAX_MS:.0f} ms, "
              f"the {FRESH_CALLS} at most {FRESH_SUM_MS:.0f} ms.", "",
-             "| case | numba cache | import ms | calls 1-12 ms | max ms | sum ms "
-             "| calls 1, 2, 12 bit-equal | targets met |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| case | numba cache | numba loaded | import ms | calls 1-12 ms | max ms "
+             "| sum ms | calls 1, 2, 12 bit-equal | targets met |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         calls = ", ".join(f"{x:.2f}" for x in r["ms"])
-        lines.append(f"| {FRESH_LABEL.get(r['case'], r['case'])} | {r['cache']} | "
+        loaded = {True: "yes", False: "no"}.get(r.get("numba"), "?")
+        lines.append(f"| {FRESH_LABEL.get(r['case'], r['case'])} | {r['cache']} | {loaded} | "
                      f"{r['import_ms']:.0f} | {calls} | {r['max_ms']:.2f} | {r['sum_ms']:.2f} "
                      f"| {'yes' if r['equal'] else 'NO'} | {'yes' if r['ok'] else 'NO'} |")
     return lines

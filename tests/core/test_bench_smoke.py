@@ -333,7 +333,7 @@ def test_cpu_fresh_row_parser_and_child():
 
     out = ("some warning\n" + C.FRESH_TAG
            + json.dumps(dict(case="tm128x4", import_ms=800.0, ms=[30.0] + [5.0] * 11,
-                             equal=True)) + "\nmore\n")
+                             equal=True, numba=False)) + "\nmore\n")
     row = C.parse_fresh(out)
     assert row["max_ms"] == 30.0 and row["sum_ms"] == 85.0 and row["ok"] and row["equal"]
     assert not C.parse_fresh(out.replace("30.0", "51.0"))["ok"]  # one call over 50 ms
@@ -341,13 +341,14 @@ def test_cpu_fresh_row_parser_and_child():
     with pytest.raises(ValueError, match="FRESH-ROW"):
         C.parse_fresh("Traceback ...\n")
     lines = C.fresh_table([dict(row, cache="warm")])
-    assert lines[-1].startswith("| [128, 4] time-major") and "| 30.00 | 85.00 | yes | yes |" \
-        in lines[-1]
+    assert lines[-1].startswith("| [128, 4] time-major, bool flags | warm | no | 800 |")
+    assert lines[-1].endswith("| 30.00 | 85.00 | yes | yes |")
     # the child's own code, run here (not fresh: its measurement and its output line)
     ns = {"__name__": "not_main"}
     exec(C._CHILD, ns)
     row = C.parse_fresh(ns["run"]("tm128x4", 3, 1.0))
     assert row["case"] == "tm128x4" and len(row["ms"]) == 3 and row["equal"] is True
+    assert isinstance(row["numba"], bool)
     assert C._child_env()["PATH"] and "TRITON_INTERPRET" not in C._child_env()
 
 
