@@ -201,7 +201,7 @@ def _s(value):
 def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, like_idx=None):
     """The numba scan (or, for a variant's first call, its numpy stand-in) into ``out0``
     and ``out1``; with ``fast`` (see :func:`run`), records the call as a :class:`CpuPlan`."""
-    from rl_triton_core import _cpu_first
+    from rl_triton_core import _cpu_c, _cpu_first
 
     N1, N2, T = layout.N1, layout.N2, layout.T
     on_cpu = out0.device.type == "cpu"
@@ -247,7 +247,12 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, lik
             a3(get("trunc"), True), a2(get("boot")), a3(gt), a3(lt), _s(gs), _s(ls),
             a2(get("init")), a3(get("rho")), a3(rbt), a3(cbt), a3(pbt), _s(rbs), _s(cbs),
             _s(pbs))
-    if (_cpu_first.handles(key) and not _cpu_first.ready(key) and _cpu_first.enabled()
+    if _cpu_c.handles(key) and _cpu_c.run(key, args, tune.cpu_threads):
+        # the C kernel (built at install time): no JIT, no background loading
+        if fast is not None and fast[0] is not None and direct:
+            _store(fast[0], CpuPlan.record(fast, None, key, args, ins, coefs, out0, out1,
+                                           like_idx, layout, tune.cpu_threads))
+    elif (_cpu_first.handles(key) and not _cpu_first.ready(key) and _cpu_first.enabled()
             and _cpu_first.gae(key, *args[:12])):
         # numba not loaded yet for this variant: numpy computed it (bit for bit the same);
         # the kernel loads in a background thread for the next calls
@@ -299,7 +304,8 @@ class CpuPlan:
     """A recorded CPU call: repeating it with a call's user arguments (same key: shapes,
     strides, dtypes, device) skips validation and the layout work. It rebuilds the
     numpy views of the user's tensors from the recorded shapes and strides, allocates
-    the outputs as the full path did and runs the numba scan. None: a check needs the
+    the outputs as the full path did and runs the scan (``fn``: the numba kernel; None:
+    the C kernel). None: a check needs the
     full path (a coefficient out of range, or the backend switched)."""
 
     __slots__ = ("fn", "kernel_key", "template", "arrays", "numbers", "checks", "like",
@@ -364,10 +370,13 @@ class CpuPlan:
                 return None
         if backend_for(_CPU) != "cpu":  # the backend was switched since the recording
             return None
-        from rl_triton_core import _cpu, _cpu_first  # loaded: the full path ran
+        from rl_triton_core import _cpu_c, _cpu_first
 
-        if not _cpu_first.ready(self.kernel_key):  # where the full path would take numpy
+        c_kernel = self.fn is None  # recorded on the C kernel
+        if c_kernel != _cpu_c.handles(self.kernel_key):  # RL_TRITON_CORE_CPU_KERNEL changed
             return None
+        if not c_kernel and not _cpu_first.ready(self.kernel_key):
+            return None  # where the full path would take numpy
         if self.like is not None:
             out0 = torch.empty_like(raw[self.like], dtype=self.dtype)
         else:
@@ -381,6 +390,12 @@ class CpuPlan:
             args[pos] = _np_of(raw[idx], detach, as_u8, shape, strides)
         for pos, idx in self.numbers:
             args[pos] = float(raw[idx])
-        _cpu_first.settle()
-        _cpu.run(self.fn, args, self.N, self.T, self.threads)
+        if c_kernel:
+            if not _cpu_c.run(self.kernel_key, args, self.threads):
+                return None
+        else:
+            from rl_triton_core import _cpu  # loaded: the full path ran
+
+            _cpu_first.settle()
+            _cpu.run(self.fn, args, self.N, self.T, self.threads)
         return (out0, out1) if self.two_out else out0

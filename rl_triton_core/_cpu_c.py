@@ -1,0 +1,49 @@
+"""The C scan kernel of the CPU path (``rl_triton_core._cscan``), where it was built.
+
+GAE and TD(lambda) (the reverse scans without an initial carry) run here: compiled at
+install time, it needs no JIT, so the first call of a fresh process runs at full speed
+and nothing is loaded in the background. Its results are bit for bit the numba loop's
+(the same float64 operations in the same order, no fused multiply-add). Every other
+variant, and every call where the extension is not built, takes the numba path
+(``rl_triton_core._cpu``). ``RL_TRITON_CORE_CPU_KERNEL=numba`` forces numba for all.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rl_triton_core._table import MODE_GAE, MODE_TDLAMBDA
+
+try:
+    from rl_triton_core import _cscan
+except ImportError:  # not built (no compiler at install time): numba runs everything
+    _cscan = None
+
+THREADS = max(1, min(os.cpu_count() or 1, 8))
+_MODES = (MODE_GAE, MODE_TDLAMBDA)
+
+
+def available() -> bool:
+    return _cscan is not None
+
+
+def enabled() -> bool:
+    """The C kernel is built and not switched off (``RL_TRITON_CORE_CPU_KERNEL``)."""
+    return _cscan is not None and os.environ.get("RL_TRITON_CORE_CPU_KERNEL", "c") != "numba"
+
+
+def handles(key) -> bool:
+    """A variant the C kernel computes: GAE or TD(lambda), reverse, no ``init``, no
+    V-trace coefficients (``key``: the numba kernel's key, see ``_dispatch._run_cpu``)."""
+    return (key[0] in _MODES and key[1] and not key[7] and not key[10] and not key[11]
+            and not key[12] and enabled())
+
+
+def run(key, args, threads=None) -> bool:
+    """Run the variant ``key`` on the numba kernel's arguments ``args`` (outputs first);
+    False (nothing written) where an array's dtype is not one the kernel reads."""
+    (mode, _, two_out, has_v, has_nv, has_trunc, has_boot, _, g_t, l_t) = key[:10]
+    o0, o1, x, v, nv, term, trunc, boot, g, lm, gs, lms = args[:12]
+    return _cscan.scan(mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t,
+                       threads or THREADS, o0, o1, x, v, nv, term, trunc, boot, g, lm,
+                       float(gs), float(lms))

@@ -1,0 +1,687 @@
+/* The CPU path's scan kernel for GAE and TD(lambda), in C: no JIT, so a fresh process
+ * computes its first call at full speed.
+ *
+ * The recurrence runs backwards in time, h_t = alpha_t + beta_t h_{t+1} (h_T = 0), with
+ * the coefficients of rl_triton_core/_cpu.py (_coefficients), in float64, in the same
+ * order of operations and without fused multiply-adds (compiled with
+ * -ffp-contract=off): every output is bit for bit the numba loop's.
+ *
+ *   GAE:        alpha = (r + [not te] gamma V') - V       beta = [not done] gamma lambda
+ *               out0 = h (the advantage), out1 = h + V (the value target)
+ *   TD(lambda): l' = [t + 1 < T and not done] lambda
+ *               alpha = r + [not te] gamma (1 - l') V'      beta = [not te] gamma l'
+ *               out0 = h (the return)
+ *
+ * V' is next_values where given, else V_{t+1} (at t = T - 1 the bootstrap, or 0). A set
+ * flag (nonzero, in the flag's own dtype) cuts by a select, never by a product: 0 * NaN
+ * is NaN. h = alpha exactly where beta is 0.
+ *
+ * Arrays arrive as [N1, N2, T] strided views (numpy, through the buffer protocol), any
+ * strides, any float32 / float64 data and any bool / integer / float flags. Two ways
+ * through memory, chosen by which axis of the rewards is contiguous:
+ *
+ *  - columns (time-major data, streams contiguous): a block of streams advances one
+ *    step at a time; every load, the recurrence and every store are vectorised across
+ *    the block's streams.
+ *  - rows (batch-major data, each stream contiguous in time): a group of W lanes, each a
+ *    stream or a segment of one, is walked in chunks of K steps. Per lane, the
+ *    coefficients of the chunk are computed vectorised along time; then the W
+ *    recurrences advance together (W independent dependency chains: the latency of one
+ *    multiply-add chain is hidden); then the outputs are stored vectorised along time.
+ *    A long stream that would leave threads or lanes idle is cut into segments, each
+ *    started from h = 0. That start is wrong only until the segment's first step with
+ *    beta = 0 (from there h = alpha exactly); a fix-up then walks the segments in scan
+ *    order and recomputes each one's steps up to that point from the true carry, so the
+ *    results are those of one sequential pass, bit for bit. (A segment without such a
+ *    step is recomputed whole.)
+ *
+ * Work is split over threads (pthreads) with the GIL released.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <stdlib.h>
+#ifndef _WIN32
+#include <pthread.h>
+#endif
+
+#define MODE_GAE 1
+#define MODE_TDLAMBDA 2
+
+#define W 8         /* lanes of the row walk */
+#define K 128       /* steps per chunk of the row walk */
+#define WC 256      /* streams per block of the column walk */
+#define MAX_THREADS 64
+
+typedef Py_ssize_t ssz;
+
+/* The walks are compiled for three instruction sets and the widest this CPU has is
+ * chosen when the module loads (gcc's function multiversioning; AVX-512 ran the
+ * time-major walk 2x faster than SSE2). Everything they call is inlined into them. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define MULTIVERSION \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MULTIVERSION
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+/* dtype kinds */
+enum { K_F32, K_F64, K_I8, K_I16, K_I32, K_I64 };
+
+typedef struct {
+    char *p;       /* NULL: absent */
+    ssz s0, s1, st; /* byte strides of [N1, N2, T] (boot: s0, s1) */
+    int kind;
+} arr_t;
+
+typedef struct {
+    int mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t;
+    ssz N1, N2, T;
+    double gs, lms;
+    arr_t o0, o1, x, v, nv, te, tr, boot, g, lm;
+    /* the row walk's lanes: stream n, steps [lo, hi) */
+    ssz nlanes, seg, S;
+    double *h_end; /* per lane: h at its lowest step (segmented streams) */
+    int columns;
+    ssz nblocks;
+} ctx_t;
+
+INLINE ssz off3(const arr_t *a, ssz n, ssz N2) {
+    return (n / N2) * a->s0 + (n % N2) * a->s1;
+}
+
+/* ---------------------------------------------------------------- loads and stores */
+
+/* dst[k] = a[base + k * stride] as float64, k < n */
+INLINE void load_d(double *restrict dst, const arr_t *a, ssz base, ssz stride, ssz n) {
+    const char *p = a->p + base;
+    ssz k;
+    if (a->kind == K_F32) {
+        if (stride == 4) {
+            const float *restrict q = (const float *)p;
+            for (k = 0; k < n; k++) dst[k] = (double)q[k];
+        } else {
+            for (k = 0; k < n; k++) dst[k] = (double)*(const float *)(p + k * stride);
+        }
+    } else {
+        if (stride == 8) {
+            const double *restrict q = (const double *)p;
+            for (k = 0; k < n; k++) dst[k] = q[k];
+        } else {
+            for (k = 0; k < n; k++) dst[k] = *(const double *)(p + k * stride);
+        }
+    }
+}
+
+/* dst[k] = a[base + k * stride] != 0 (a flag: set where nonzero, NaN included) */
+INLINE void load_m(unsigned char *restrict dst, const arr_t *a, ssz base, ssz stride, ssz n) {
+    const char *p = a->p + base;
+    ssz k;
+#define LOADM(T_, SZ)                                                                 \
+    if (stride == SZ) {                                                               \
+        const T_ *restrict q = (const T_ *)p;                                         \
+        for (k = 0; k < n; k++) dst[k] = q[k] != 0;                                   \
+    } else {                                                                          \
+        for (k = 0; k < n; k++) dst[k] = *(const T_ *)(p + k * stride) != 0;          \
+    }
+    switch (a->kind) {
+    case K_F32: LOADM(float, 4) break;
+    case K_F64: LOADM(double, 8) break;
+    case K_I8: LOADM(uint8_t, 1) break;
+    case K_I16: LOADM(int16_t, 2) break;
+    case K_I32: LOADM(int32_t, 4) break;
+    default: LOADM(int64_t, 8) break;
+    }
+#undef LOADM
+}
+
+/* a[base + k * stride] = src[k] (+ add[k]), rounded once into a's dtype */
+INLINE void store_d(const arr_t *a, ssz base, ssz stride, ssz n, const double *restrict src,
+                    const double *restrict add) {
+    char *p = a->p + base;
+    ssz k;
+    if (a->kind == K_F32) {
+        if (stride == 4) {
+            float *restrict q = (float *)p;
+            if (add) for (k = 0; k < n; k++) q[k] = (float)(src[k] + add[k]);
+            else for (k = 0; k < n; k++) q[k] = (float)src[k];
+        } else {
+            if (add) for (k = 0; k < n; k++) *(float *)(p + k * stride) = (float)(src[k] + add[k]);
+            else for (k = 0; k < n; k++) *(float *)(p + k * stride) = (float)src[k];
+        }
+    } else {
+        if (stride == 8) {
+            double *restrict q = (double *)p;
+            if (add) for (k = 0; k < n; k++) q[k] = src[k] + add[k];
+            else for (k = 0; k < n; k++) q[k] = src[k];
+        } else {
+            if (add) for (k = 0; k < n; k++) *(double *)(p + k * stride) = src[k] + add[k];
+            else for (k = 0; k < n; k++) *(double *)(p + k * stride) = src[k];
+        }
+    }
+}
+
+INLINE double get1(const arr_t *a, ssz byte_off) {
+    const char *p = a->p + byte_off;
+    return a->kind == K_F32 ? (double)*(const float *)p : *(const double *)p;
+}
+
+
+/* ------------------------------------------------------------------ coefficients */
+
+/* alpha, beta of n steps from their inputs (vectorised: no branch, selects only). G, L:
+ * gamma, lambda per step (filled with the number where it is one); TR: zeros without
+ * truncation flags. last_has_no_next: step n - 1 is the stream's last (TD(lambda)'s l'). */
+INLINE void coefs(const ctx_t *c, ssz n, const double *restrict X, const double *restrict V,
+                  const double *restrict NV, const unsigned char *restrict TE,
+                  const unsigned char *restrict TR, const double *restrict G,
+                  const double *restrict L, ssz last_has_no_next, double *restrict A,
+                  double *restrict B) {
+    ssz k;
+    if (c->mode == MODE_GAE) {
+        for (k = 0; k < n; k++) {
+            const double gamma = G[k], lmbda = L[k];
+            const int te = TE[k];
+            const int done = te | TR[k];
+            const double bnv = te ? 0.0 : gamma * NV[k];
+            A[k] = X[k] + bnv - V[k];
+            B[k] = done ? 0.0 : gamma * lmbda;
+        }
+    } else {
+        for (k = 0; k < n; k++) {
+            const double gamma = G[k], lmbda = L[k];
+            const int te = TE[k];
+            const int done = te | TR[k];
+            const int nonext = (k == n - 1) & (int)last_has_no_next;
+            const double lc = (nonext | done) ? 0.0 : lmbda;
+            A[k] = X[k] + (te ? 0.0 : gamma * (1.0 - lc) * NV[k]);
+            B[k] = te ? 0.0 : gamma * lc;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------- row walk */
+
+/* rows padded off multiples of 4 KiB apart: a load that aliases an earlier store there
+ * (4K aliasing) stalls until the store is done */
+#define KP (K + 24)
+typedef struct {
+    double A[W][KP], B[W][KP + 40], V[W][KP];
+    double X[K], NV[K], G[K], L[K];
+    unsigned char TE[K], TR[K];
+} rowbuf_t;
+
+INLINE void lane_of(const ctx_t *c, ssz lane, ssz *n, ssz *lo, ssz *hi) {
+    const ssz s = lane % c->S;
+    *n = lane / c->S;
+    *lo = s * c->seg;
+    *hi = *lo + c->seg < c->T ? *lo + c->seg : c->T;
+}
+
+/* a fresh row buffer: the per-step coefficients that are numbers, and no truncation,
+ * filled in once (never overwritten where they are not loaded) */
+static rowbuf_t *rowbuf_new(const ctx_t *c) {
+    rowbuf_t *bf = (rowbuf_t *)malloc(sizeof(rowbuf_t));
+    if (!bf) return NULL;
+    for (int k = 0; k < K; k++) {
+        bf->G[k] = c->gs;
+        bf->L[k] = c->lms;
+        bf->TR[k] = 0;
+    }
+    return bf;
+}
+
+/* chunk [t_lo, t_hi) of stream n into lane l's A, B, V (V[l][q] = V_t; q = t - t_lo) */
+INLINE void row_load(const ctx_t *c, rowbuf_t *bf, int l, ssz n, ssz t_lo, ssz t_hi) {
+    const ssz N2 = c->N2, T = c->T, m = t_hi - t_lo;
+    double *V = bf->V[l];
+    load_d(bf->X, &c->x, off3(&c->x, n, N2) + t_lo * c->x.st, c->x.st, m);
+    if (c->has_v) {
+        const ssz mv = t_hi < T ? m + 1 : m; /* and V_{t_hi} where it exists */
+        load_d(V, &c->v, off3(&c->v, n, N2) + t_lo * c->v.st, c->v.st, mv);
+    } else {
+        memset(V, 0, sizeof(double) * (m + 1));
+    }
+    const double *NV;
+    if (c->has_nv) {
+        load_d(bf->NV, &c->nv, off3(&c->nv, n, N2) + t_lo * c->nv.st, c->nv.st, m);
+        NV = bf->NV;
+    } else {
+        if (t_hi >= T) /* the step after the stream's last: the bootstrap */
+            V[m] = c->has_boot ? get1(&c->boot, off3(&c->boot, n, N2)) : 0.0;
+        NV = V + 1;
+    }
+    load_m(bf->TE, &c->te, off3(&c->te, n, N2) + t_lo * c->te.st, c->te.st, m);
+    if (c->has_trunc) load_m(bf->TR, &c->tr, off3(&c->tr, n, N2) + t_lo * c->tr.st, c->tr.st, m);
+    if (c->g_t) load_d(bf->G, &c->g, off3(&c->g, n, N2) + t_lo * c->g.st, c->g.st, m);
+    if (c->l_t) load_d(bf->L, &c->lm, off3(&c->lm, n, N2) + t_lo * c->lm.st, c->lm.st, m);
+    coefs(c, m, bf->X, V, NV, bf->TE, bf->TR, bf->G, bf->L, t_hi >= T, bf->A[l], bf->B[l]);
+}
+
+INLINE void row_store(const ctx_t *c, rowbuf_t *bf, int l, ssz n, ssz t_lo, ssz t_hi) {
+    const ssz N2 = c->N2, m = t_hi - t_lo;
+    store_d(&c->o0, off3(&c->o0, n, N2) + t_lo * c->o0.st, c->o0.st, m, bf->A[l], NULL);
+    if (c->two_out)
+        store_d(&c->o1, off3(&c->o1, n, N2) + t_lo * c->o1.st, c->o1.st, m, bf->A[l],
+                bf->V[l]);
+}
+
+/* lanes [g0, g1) (g1 - g0 <= W), walked together chunk by chunk */
+INLINE void row_group(const ctx_t *c, rowbuf_t *bf, ssz g0, ssz g1) {
+    const int nl = (int)(g1 - g0);
+    ssz n[W], lo[W], hi[W], len[W], maxlen = 0;
+    double h[W];
+    int l;
+    for (l = 0; l < nl; l++) {
+        lane_of(c, g0 + l, &n[l], &lo[l], &hi[l]);
+        len[l] = hi[l] - lo[l];
+        if (len[l] > maxlen) maxlen = len[l];
+        h[l] = 0.0;
+    }
+    for (ssz r0 = 0; r0 < maxlen; r0 += K) {
+        /* this chunk: scan steps [r0, r0 + K) from each lane's top, t = hi - 1 - r */
+        ssz tlo[W], thi[W];
+        int same = 1;
+        for (l = 0; l < nl; l++) {
+            thi[l] = hi[l] - r0;
+            tlo[l] = thi[l] - K > lo[l] ? thi[l] - K : lo[l];
+            if (thi[l] < tlo[l]) thi[l] = tlo[l];
+            if (thi[l] - tlo[l] != thi[0] - tlo[0]) same = 0;
+            if (thi[l] > tlo[l]) row_load(c, bf, l, n[l], tlo[l], thi[l]);
+        }
+        if (same && nl == W) {
+            const ssz m = thi[0] - tlo[0];
+            double h0 = h[0], h1 = h[1], h2 = h[2], h3 = h[3], h4 = h[4], h5 = h[5],
+                   h6 = h[6], h7 = h[7];
+#define STEP(j, hj)                                                               \
+    {                                                                             \
+        const double a = bf->A[j][q], b = bf->B[j][q];                            \
+        hj = b == 0.0 ? a : a + b * hj;                                           \
+        bf->A[j][q] = hj;                                                         \
+    }
+            for (ssz q = m - 1; q >= 0; q--) {
+                STEP(0, h0) STEP(1, h1) STEP(2, h2) STEP(3, h3)
+                STEP(4, h4) STEP(5, h5) STEP(6, h6) STEP(7, h7)
+            }
+#undef STEP
+            h[0] = h0; h[1] = h1; h[2] = h2; h[3] = h3;
+            h[4] = h4; h[5] = h5; h[6] = h6; h[7] = h7;
+        } else {
+            for (l = 0; l < nl; l++) {
+                double hl = h[l];
+                double *restrict A = bf->A[l];
+                const double *restrict B = bf->B[l];
+                for (ssz q = thi[l] - tlo[l] - 1; q >= 0; q--) {
+                    const double a = A[q], b = B[q];
+                    hl = b == 0.0 ? a : a + b * hl;
+                    A[q] = hl;
+                }
+                h[l] = hl;
+            }
+        }
+        for (l = 0; l < nl; l++)
+            if (thi[l] > tlo[l]) row_store(c, bf, l, n[l], tlo[l], thi[l]);
+    }
+    if (c->h_end)
+        for (l = 0; l < nl; l++) c->h_end[g0 + l] = h[l];
+}
+
+/* The segments of stream n after the walk: each one's steps before its first beta = 0
+ * recomputed from the true carry (the walk started them from 0), in scan order, chunk by
+ * chunk with the walk's own coefficients (the same bits). */
+MULTIVERSION static void row_fixup(const ctx_t *c, rowbuf_t *bf, ssz n) {
+    const ssz S = c->S;
+    double carry = c->h_end[n * S + S - 1]; /* the last segment started from h_T = 0 */
+    for (ssz s = S - 2; s >= 0; s--) {
+        const ssz lo = s * c->seg, hi = lo + c->seg;
+        double h = carry;
+        int reset = 0;
+        for (ssz t_hi = hi; t_hi > lo && !reset; t_hi -= K) {
+            const ssz t_lo = t_hi - K > lo ? t_hi - K : lo;
+            row_load(c, bf, 0, n, t_lo, t_hi);
+            double *restrict A = bf->A[0];
+            const double *restrict B = bf->B[0];
+            ssz q = t_hi - t_lo - 1;
+            for (; q >= 0; q--) {
+                if (B[q] == 0.0) { /* from here the walk's values are exact */
+                    reset = 1;
+                    break;
+                }
+                h = A[q] + B[q] * h;
+                A[q] = h;
+            }
+            /* steps (q, m) were recomputed */
+            const ssz from = q + 1, m = t_hi - t_lo;
+            if (from < m) {
+                const ssz N2 = c->N2;
+                store_d(&c->o0, off3(&c->o0, n, N2) + (t_lo + from) * c->o0.st, c->o0.st,
+                        m - from, A + from, NULL);
+                if (c->two_out)
+                    store_d(&c->o1, off3(&c->o1, n, N2) + (t_lo + from) * c->o1.st, c->o1.st,
+                            m - from, A + from, bf->V[0] + from);
+            }
+        }
+        carry = reset ? c->h_end[n * S + s] : h;
+    }
+}
+
+/* ------------------------------------------------------------------- column walk */
+
+typedef struct {
+    double X[WC], V[WC], NV[WC], VN[WC], G[WC], L[WC], A[WC], B[WC], H[WC];
+    unsigned char TE[WC], TR[WC];
+} colbuf_t;
+
+/* block b: streams n0 .. n0 + w - 1, consecutive in one lane stride (within one n1 where
+ * N2 > 1) */
+INLINE void col_block(const ctx_t *c, colbuf_t *bf, ssz blk) {
+    const ssz N2 = c->N2, T = c->T;
+    ssz n0, w;
+    if (N2 > 1) {
+        const ssz per = (N2 + WC - 1) / WC;
+        const ssz i = blk / per, j0 = (blk % per) * WC;
+        n0 = i * N2 + j0;
+        w = N2 - j0 < WC ? N2 - j0 : WC;
+    } else {
+        n0 = blk * WC;
+        w = c->N1 - n0 < WC ? c->N1 - n0 : WC;
+    }
+#define LS(a) (N2 > 1 ? (a)->s1 : (a)->s0)
+    ssz k;
+    for (k = 0; k < w; k++) bf->H[k] = 0.0;
+    if (!c->has_nv) {
+        if (c->has_boot) load_d(bf->VN, &c->boot, off3(&c->boot, n0, N2), LS(&c->boot), w);
+        else for (k = 0; k < w; k++) bf->VN[k] = 0.0;
+    }
+    for (ssz t = T - 1; t >= 0; t--) {
+        load_d(bf->X, &c->x, off3(&c->x, n0, N2) + t * c->x.st, LS(&c->x), w);
+        if (c->has_v) load_d(bf->V, &c->v, off3(&c->v, n0, N2) + t * c->v.st, LS(&c->v), w);
+        else for (k = 0; k < w; k++) bf->V[k] = 0.0;
+        const double *NV = bf->VN;
+        if (c->has_nv) {
+            load_d(bf->NV, &c->nv, off3(&c->nv, n0, N2) + t * c->nv.st, LS(&c->nv), w);
+            NV = bf->NV;
+        } else if (t + 1 < T && !c->has_v) {
+            for (k = 0; k < w; k++) bf->VN[k] = 0.0;
+        }
+        load_m(bf->TE, &c->te, off3(&c->te, n0, N2) + t * c->te.st, LS(&c->te), w);
+        if (c->has_trunc)
+            load_m(bf->TR, &c->tr, off3(&c->tr, n0, N2) + t * c->tr.st, LS(&c->tr), w);
+        if (c->g_t) load_d(bf->G, &c->g, off3(&c->g, n0, N2) + t * c->g.st, LS(&c->g), w);
+        if (c->l_t) load_d(bf->L, &c->lm, off3(&c->lm, n0, N2) + t * c->lm.st, LS(&c->lm), w);
+        const double gs = c->gs, lms = c->lms;
+        const double *restrict G = c->g_t ? bf->G : NULL, *restrict L = c->l_t ? bf->L : NULL;
+        double *restrict A = bf->A, *restrict B = bf->B, *restrict H = bf->H;
+        const double *restrict X = bf->X, *restrict V = bf->V;
+        const unsigned char *restrict TE = bf->TE, *restrict TR = bf->TR;
+        if (c->mode == MODE_GAE) {
+            for (k = 0; k < w; k++) {
+                const double gamma = G ? G[k] : gs;
+                const double lmbda = L ? L[k] : lms;
+                const int te = TE[k];
+                const int done = c->has_trunc ? (te | TR[k]) : te;
+                const double bnv = te ? 0.0 : gamma * NV[k];
+                A[k] = X[k] + bnv - V[k];
+                B[k] = done ? 0.0 : gamma * lmbda;
+            }
+        } else {
+            const int nonext = t + 1 >= T;
+            for (k = 0; k < w; k++) {
+                const double gamma = G ? G[k] : gs;
+                const double lmbda = L ? L[k] : lms;
+                const int te = TE[k];
+                const int done = c->has_trunc ? (te | TR[k]) : te;
+                const double lc = (nonext | done) ? 0.0 : lmbda;
+                A[k] = X[k] + (te ? 0.0 : gamma * (1.0 - lc) * NV[k]);
+                B[k] = te ? 0.0 : gamma * lc;
+            }
+        }
+        for (k = 0; k < w; k++) {
+            const double a = A[k], b = B[k];
+            H[k] = b == 0.0 ? a : a + b * H[k];
+        }
+        store_d(&c->o0, off3(&c->o0, n0, N2) + t * c->o0.st, LS(&c->o0), w, H, NULL);
+        if (c->two_out)
+            store_d(&c->o1, off3(&c->o1, n0, N2) + t * c->o1.st, LS(&c->o1), w, H, bf->V);
+        if (!c->has_nv && c->has_v) memcpy(bf->VN, bf->V, sizeof(double) * w);
+    }
+#undef LS
+}
+
+/* ------------------------------------------------------------------------ threads */
+
+typedef struct {
+    const ctx_t *c;
+    ssz lo, hi; /* groups (rows) or blocks (columns) */
+} job_t;
+
+MULTIVERSION static void *run_job(void *arg) {
+    const job_t *j = (const job_t *)arg;
+    const ctx_t *c = j->c;
+    if (c->columns) {
+        colbuf_t *bf = (colbuf_t *)malloc(sizeof(colbuf_t));
+        if (!bf) return (void *)1;
+        for (ssz b = j->lo; b < j->hi; b++) col_block(c, bf, b);
+        free(bf);
+    } else {
+        rowbuf_t *bf = rowbuf_new(c);
+        if (!bf) return (void *)1;
+        for (ssz g = j->lo; g < j->hi; g++) {
+            const ssz g0 = g * W, g1 = g0 + W < c->nlanes ? g0 + W : c->nlanes;
+            row_group(c, bf, g0, g1);
+        }
+        free(bf);
+    }
+    return NULL;
+}
+
+static int run_all(ctx_t *c, int threads) {
+    const ssz units = c->columns ? c->nblocks : (c->nlanes + W - 1) / W;
+    if (threads > units) threads = (int)units;
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    job_t jobs[MAX_THREADS];
+    const ssz step = (units + threads - 1) / threads;
+    int failed = 0;
+#ifndef _WIN32
+    pthread_t tid[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int i = 1; i < threads; i++) {
+        jobs[i].c = c;
+        jobs[i].lo = i * step;
+        jobs[i].hi = (i + 1) * step < units ? (i + 1) * step : units;
+        if (jobs[i].lo >= jobs[i].hi) continue;
+        if (pthread_create(&tid[i], NULL, run_job, &jobs[i]) == 0) started[i] = 1;
+        else failed |= run_job(&jobs[i]) != NULL; /* no thread: run it here */
+    }
+    jobs[0].c = c;
+    jobs[0].lo = 0;
+    jobs[0].hi = step < units ? step : units;
+    failed |= run_job(&jobs[0]) != NULL;
+    for (int i = 1; i < threads; i++) {
+        if (started[i]) {
+            void *r = NULL;
+            pthread_join(tid[i], &r);
+            failed |= r != NULL;
+        }
+    }
+#else
+    jobs[0].c = c;
+    jobs[0].lo = 0;
+    jobs[0].hi = units;
+    failed = run_job(&jobs[0]) != NULL;
+#endif
+    if (!failed && c->h_end && c->S > 1) {
+        rowbuf_t *bf = rowbuf_new(c);
+        if (!bf) return 1;
+        const ssz N = c->N1 * c->N2;
+        for (ssz n = 0; n < N; n++) row_fixup(c, bf, n);
+        free(bf);
+    }
+    return failed;
+}
+
+/* ------------------------------------------------------------------- Python entry */
+
+static int kind_of(const Py_buffer *b, int data) {
+    const char *f = b->format ? b->format : "B";
+    while (*f == '@' || *f == '=' || *f == '<' || *f == '>' || *f == '!') f++;
+    const char ch = *f;
+    if (ch == 'f' && b->itemsize == 4) return K_F32;
+    if (ch == 'd' && b->itemsize == 8) return K_F64;
+    if (data) return -1;
+    if (strchr("?bBhHiIlLqQ", ch) == NULL) return -1;
+    switch (b->itemsize) {
+    case 1: return K_I8;
+    case 2: return K_I16;
+    case 4: return K_I32;
+    case 8: return K_I64;
+    default: return -1;
+    }
+}
+
+static int take(PyObject *obj, Py_buffer *b, int *held, arr_t *a, int ndim, int writable,
+                int data, const char *name) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_STRIDES | PyBUF_FORMAT |
+                                       (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    *held = 1;
+    if (b->ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "_cscan.scan: %s must have %d dimensions", name, ndim);
+        return -1;
+    }
+    a->kind = kind_of(b, data);
+    if (a->kind < 0) return 1; /* a dtype this kernel does not read: the caller's fallback */
+    a->p = (char *)b->buf;
+    a->s0 = b->strides[0];
+    a->s1 = b->strides[1];
+    a->st = ndim == 3 ? b->strides[2] : 0;
+    return 0;
+}
+
+static const char *const NAMES[10] = {"out0", "out1", "x", "v", "nv", "term", "trunc",
+                                      "boot", "g", "lm"};
+
+/* scan(mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads,
+ *      out0, out1, x, v, nv, term, trunc, boot, g, lm, gs, lms) */
+static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 21) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.scan takes 21 arguments");
+        return NULL;
+    }
+    long iv[9];
+    for (int i = 0; i < 9; i++) {
+        iv[i] = PyLong_AsLong(args[i]);
+        if (iv[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    ctx_t c;
+    memset(&c, 0, sizeof(c));
+    c.mode = (int)iv[0];
+    c.two_out = (int)iv[1];
+    c.has_v = (int)iv[2];
+    c.has_nv = (int)iv[3];
+    c.has_trunc = (int)iv[4];
+    c.has_boot = (int)iv[5];
+    c.g_t = (int)iv[6];
+    c.l_t = (int)iv[7];
+    int threads = (int)iv[8];
+    if (c.mode != MODE_GAE && c.mode != MODE_TDLAMBDA) {
+        PyErr_SetString(PyExc_ValueError, "_cscan.scan: mode must be GAE or TD(lambda)");
+        return NULL;
+    }
+    c.gs = PyFloat_AsDouble(args[19]);
+    if (c.gs == -1.0 && PyErr_Occurred()) return NULL;
+    c.lms = PyFloat_AsDouble(args[20]);
+    if (c.lms == -1.0 && PyErr_Occurred()) return NULL;
+
+    Py_buffer bufs[10];
+    int held[10] = {0};
+    arr_t *arrs[10] = {&c.o0, &c.o1, &c.x, &c.v, &c.nv, &c.te, &c.tr, &c.boot, &c.g, &c.lm};
+    const int want[10] = {1, c.two_out, 1, c.has_v, c.has_nv, 1, c.has_trunc, c.has_boot,
+                          c.g_t, c.l_t};
+    PyObject *ret = NULL;
+    for (int i = 0; i < 10; i++) {
+        if (!want[i]) continue;
+        const int r = take(args[9 + i], &bufs[i], &held[i], arrs[i], i == 7 ? 2 : 3, i < 2,
+                           i != 5 && i != 6, NAMES[i]);
+        if (r < 0) goto done;
+        if (r > 0) {
+            ret = Py_False;
+            Py_INCREF(ret);
+            goto done;
+        }
+    }
+    {
+        Py_buffer *xb = &bufs[2];
+        c.N1 = xb->shape[0];
+        c.N2 = xb->shape[1];
+        c.T = xb->shape[2];
+        const ssz N = c.N1 * c.N2, T = c.T;
+        if (N == 0 || T == 0) {
+            ret = Py_True;
+            Py_INCREF(ret);
+            goto done;
+        }
+        if (threads < 1) threads = 1;
+        if (N * T < (1 << 16)) threads = 1; /* below this, a thread costs more than it saves */
+        /* the rewards' contiguous axis decides the walk */
+        const ssz item = c.x.kind == K_F32 ? 4 : 8;
+        const ssz lane = c.N2 > 1 ? c.x.s1 : c.x.s0;
+        c.columns = T > 1 && N > 1 && llabs((long long)lane) == item &&
+                    llabs((long long)c.x.st) != item;
+        if (c.columns) {
+            c.nblocks = c.N2 > 1 ? c.N1 * ((c.N2 + WC - 1) / WC) : (c.N1 + WC - 1) / WC;
+            c.S = 1;
+        } else {
+            /* a few long streams: cut each into segments so every thread has W lanes */
+            ssz S = 1;
+            if (T >= 1024 && N < (ssz)W * threads) {
+                S = ((ssz)W * threads + N - 1) / N;
+                if (S > T / 256) S = T / 256;
+                if (S < 1) S = 1;
+            }
+            c.S = S;
+            c.seg = (T + S - 1) / S;
+            c.S = (T + c.seg - 1) / c.seg;
+            c.nlanes = N * c.S;
+            if (c.S > 1) {
+                c.h_end = (double *)malloc(sizeof(double) * c.nlanes);
+                if (!c.h_end) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+            }
+        }
+        int failed;
+        Py_BEGIN_ALLOW_THREADS
+        failed = run_all(&c, threads);
+        Py_END_ALLOW_THREADS
+        free(c.h_end);
+        if (failed) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        ret = Py_True;
+        Py_INCREF(ret);
+    }
+done:
+    for (int i = 0; i < 10; i++)
+        if (held[i]) PyBuffer_Release(&bufs[i]);
+    return ret;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
+     "scan(mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads, out0, "
+     "out1, x, v, nv, term, trunc, boot, g, lm, gs, lms): GAE or TD(lambda) into out0 "
+     "(and out1), backwards in time, in float64. True when done; False (nothing written) "
+     "where an array's dtype is not one it reads."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cscan",
+                                    "The CPU scan kernel for GAE and TD(lambda), in C.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__cscan(void) { return PyModule_Create(&module); }
