@@ -17,6 +17,7 @@ tensors the numba loops of :mod:`rl_triton_core._token_cpu`
 from __future__ import annotations
 
 import numbers
+import os
 
 import torch
 
@@ -130,7 +131,7 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_ep
     how = _whitening(True, count_eps, eps, unbiased, _validate.flag("shift_mean", shift_mean),
                      fill)
     x2, m2 = _rows(x), _rows(mask)
-    out = torch.empty(x2.shape, dtype=x.dtype, device=device)
+    out = _empty(x2.shape, x.dtype, device)
     if x.numel():
         _run(_STATS, x2, None, m2, None, 0.0, 0.0, out, None, how, whiten_src=x2)
     return out.reshape(x.shape)
@@ -207,9 +208,8 @@ def _scan(name, mode, rewards, values, mask, gamma, lmbda, cu_seqlens, time_dim,
     r2, m2 = _rows(rewards), _rows(mask)
     v2 = None if values is None else _rows(values)
     dtype = rewards.dtype if values is None else torch.promote_types(rewards.dtype, values.dtype)
-    a = torch.empty(r2.shape, dtype=dtype, device=device)
-    b = torch.empty(r2.shape, dtype=dtype, device=device) if mode in (_GAE_SKIP, _GAE_MUL) \
-        else None
+    a = _empty(r2.shape, dtype, device)
+    b = _empty(r2.shape, dtype, device) if mode in (_GAE_SKIP, _GAE_MUL) else None
     if r2.numel() and (cu_seqlens is None or cu_seqlens.numel() > 1):
         _run(mode, r2, v2, m2, cu_seqlens, float(g), float(g) * float(lm), a, b, how)
 
@@ -252,7 +252,96 @@ def _np_mask(m):
     return m.numpy()
 
 
+_CK = None  # the C kernel module once imported; False where it is not built
+
+
+def _ckernel():
+    """``rl_triton_core._ctoken`` (the C kernel), or None: not built, or
+    ``RL_TRITON_CORE_CPU_KERNEL=numba`` (read at every call) asks for the numba loops."""
+    global _CK
+    if os.environ.get("RL_TRITON_CORE_CPU_KERNEL", "c") == "numba":
+        return None
+    if _CK is None:
+        try:
+            from rl_triton_core import _ctoken
+            mb = os.environ.get("RL_TRITON_CORE_CPU_CACHE_MB", "512")
+            try:
+                _ctoken.set_cache_limit(max(int(mb), 0) << 20)
+            except ValueError:
+                raise ValueError("RL_TRITON_CORE_CPU_CACHE_MB must be a whole number of MiB, "
+                                 f"got {mb!r}") from None
+            _CK = _ctoken
+        except ImportError:
+            _CK = False
+    return _CK or None
+
+
+_POOLED = 1 << 20  # bytes from which CPU outputs come from the C kernel's block cache
+
+
+def _empty(shape, dtype, device):
+    """An output tensor. On the CPU path of the C kernel, a large one (>= 1 MiB) comes from
+    its cache of freed output blocks (``RL_TRITON_CORE_CPU_CACHE_MB``, default 512; 0: off)
+    : the memory of the previous call's outputs, already faulted in, where a fresh buffer
+    would cost its page faults (about 7 ms per 32 MiB on a 2-core VM). Such a tensor's
+    storage is not resizable (``resize_`` to a larger size raises)."""
+    if device.type == "cpu":
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        ck = _ckernel() if nbytes >= _POOLED else None
+        if ck is not None and ck.cache_info()["limit"] > 0:
+            return torch.frombuffer(ck.empty(nbytes), dtype=dtype).view(shape)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+_CPU_THREADS = max(1, min(os.cpu_count() or 1, 8))  # as rl_triton_core._cpu.THREADS
+_MIN_WORK = 1 << 16  # tokens below which one thread is faster (as _cpu._MIN_WORK)
+
+
+def _run_c(ck, mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
+    """One call of the C kernel: the scan (or masked_whiten's statistics), the combination
+    of the statistics and the whitening pass, with the GIL released; the same results, bit
+    for bit, as the numba path below."""
+    import numpy as np
+
+    layout = None
+    if cu is not None:
+        c = cu.numpy().astype(np.int64)
+        layout = (np.zeros(c.shape[0] - 1, dtype=np.int64), np.ascontiguousarray(c[:-1]),
+                  np.maximum(np.diff(c), 0))
+    n = r.shape[0] if layout is None else layout[0].shape[0]
+    threads = min(_CPU_THREADS if r.numel() >= _MIN_WORK else 1, max(n, 1))
+    half = out0.dtype in (torch.float16, torch.bfloat16)
+    o0 = _empty(out0.shape, torch.float64, out0.device) if half else out0
+    o1 = None
+    if out1 is not None:
+        o1 = _empty(out1.shape, torch.float64, out1.device) if half else out1
+    wmode, ce, eps, unb, shift, fill = 0, 0.0, 0.0, True, True, None
+    if how is not None:
+        ce, eps, unb, shift, fill = how
+        wmode = 2 if ce is None else 1
+        ce, eps, unb = (0.0, 0.0, True) if ce is None else (ce, eps, unb)
+    mm = _np_mask(m)
+    if mode == _STATS:
+        ck.run(4, None, None, mm, _np(whiten_src), layout, 0.0, 0.0, o0.numpy(), None, wmode,
+               ce, eps, unb, shift, fill, threads)
+    else:
+        ck.run(mode, _np(r), None if v is None else _np(v), mm, None, layout, g, gl,
+               o0.numpy(), None if o1 is None else o1.numpy(), wmode, ce, eps, unb, shift,
+               fill, threads)
+    if o1 is not None and o1 is not out1:
+        out1.copy_(o1)
+    if o0 is not out0:
+        out0.copy_(o0)
+
+
 def _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
+    ck = _ckernel()
+    if ck is not None:
+        _run_c(ck, mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src)
+        return
     import numpy as np
 
     from rl_triton_core import _token_cpu as k

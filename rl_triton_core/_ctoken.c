@@ -1,0 +1,1139 @@
+/* The token-level estimators' CPU kernel in C: masked GAE, masked returns (REINFORCE++)
+ * and the masked whitening, as rl_triton_core/_token_cpu.py computes them with numba --
+ * the same float64 operations in the same order (built with -ffp-contract=off: no fused
+ * multiply-add), so the results are bit for bit the numba path's.
+ *
+ * Plain C99 against Python.h: arrays come through the buffer protocol (numpy views of
+ * torch tensors, [R, P], any strides; bfloat16 as the int16 view of its bits). The GIL
+ * is released for the computation; responses are split over POSIX threads.
+ *
+ * One call, run(), does what _token_cpu's scan + finish + whiten do in three numba calls:
+ *   1. the scan of every response (last token first), writing the outputs and, where the
+ *      whitening needs them, each response's (count, mean, M2) of the stored advantages
+ *      (shifted sums: k = the response's first valid output in scan order);
+ *      or, for masked_whiten, Welford's per-row statistics of the source (row_stats);
+ *   2. the combination of those statistics in response order (finish), on one thread;
+ *   3. the whitening pass over the stored advantages, each thread on its own responses
+ *      (the ones it just wrote, most recent first: read back from its caches).
+ *
+ * Padded data (each row one response of P tokens) runs 8 responses at once in the AVX2
+ * lanes (x86-64 with AVX2, checked at run time): 8 tokens of 8 rows are loaded, transposed
+ * in registers and converted to float64, the recurrence runs over the 8 tokens with one
+ * response per lane (two 4-lane chains: the mul+add latency is hidden), and the outputs
+ * are transposed back and stored 8 tokens per row. Packed data (cu_seqlens) and other
+ * machines run the scalar loop, one response at a time.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef _WIN32
+#include <pthread.h>
+#include <sys/mman.h>
+#endif
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(_M_X64)) && !defined(_WIN32)
+#define CT_AVX2 1
+#include <immintrin.h>
+#define CT_AVX2_FN __attribute__((target("avx2")))
+#else
+#define CT_AVX2 0
+#endif
+
+#if defined(__GNUC__)
+#define CT_INLINE static inline __attribute__((always_inline))
+#else
+#define CT_INLINE static inline
+#endif
+
+enum { GAE_SKIP = 0, GAE_MUL = 1, RET_SKIP = 2, RET_MUL = 3, STATS = 4 };
+/* element kinds: data (float32, float64, bfloat16 bits); masks (integers by size, floats) */
+enum { K_F4 = 1, K_F8, K_BF16, K_I1, K_I2, K_I4, K_I8 };
+enum { W_NONE = 0, W_STATS = 1, W_FILL = 2 }; /* no whitening; whiten; fill only */
+
+typedef struct {
+    char *p;
+    Py_ssize_t rs, ts; /* bytes between rows, between tokens */
+    int kind;
+} Arr;
+
+typedef struct {
+    int mode, want_stats, out_f32;
+    Arr r, v, m, o0, o1, src;
+    int has_v, has_o1;
+    const int64_t *rows, *starts, *lens; /* NULL: padded, response i = row i, P tokens */
+    Py_ssize_t n, P;
+    double g, gl;
+    double *stats; /* [n][3] */
+    int wmode, unbiased, shift, has_fill;
+    double count_eps, eps, fill, mu, rstd;
+    int vec; /* the AVX2 path runs the padded scan */
+} Ctx;
+
+/* ------------------------------------------------------------------ elements */
+
+CT_INLINE double bf16(uint16_t u) {
+    uint32_t x = (uint32_t)u << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return (double)f;
+}
+
+CT_INLINE double ld(int kind, const char *p) {
+    switch (kind) {
+    case K_F4: return (double)*(const float *)p;
+    case K_F8: return *(const double *)p;
+    default: return bf16(*(const uint16_t *)p);
+    }
+}
+
+CT_INLINE int okm(int kind, const char *p) {
+    switch (kind) {
+    case K_I1: return *(const uint8_t *)p != 0;
+    case K_I2: return *(const uint16_t *)p != 0;
+    case K_I4: return *(const uint32_t *)p != 0;
+    case K_I8: return *(const uint64_t *)p != 0;
+    case K_F4: return *(const float *)p != 0.0f;
+    default: return *(const double *)p != 0.0;
+    }
+}
+
+CT_INLINE void st(int kind, char *p, double y) {
+    if (kind == K_F4)
+        *(float *)p = (float)y;
+    else
+        *(double *)p = y;
+}
+
+/* where response i lies: its row, first token and length */
+CT_INLINE void where(const Ctx *c, Py_ssize_t i, Py_ssize_t *row, Py_ssize_t *s,
+                     Py_ssize_t *n) {
+    if (c->rows) {
+        *row = (Py_ssize_t)c->rows[i];
+        *s = (Py_ssize_t)c->starts[i];
+        *n = (Py_ssize_t)c->lens[i];
+    } else {
+        *row = i;
+        *s = 0;
+        *n = c->P;
+    }
+}
+
+CT_INLINE void put_stats(double *st3, double cnt, double kk, double s1, double s2) {
+    double mean = cnt > 0 ? kk + s1 / cnt : 0.0;
+    double m2 = 0.0;
+    if (cnt > 0) {
+        double a = s2 - s1 * s1 / cnt;
+        m2 = (0.0 > a) ? 0.0 : a; /* numba's max(a, 0.0) */
+    }
+    st3[0] = cnt;
+    st3[1] = mean;
+    st3[2] = m2;
+}
+
+/* ------------------------------------------------------------------ scalar scan */
+
+CT_INLINE void scan_one(const Ctx *c, Py_ssize_t i, const int MODE, const int STATS_ON) {
+    Py_ssize_t row, s, n;
+    where(c, i, &row, &s, &n);
+    const Arr *R = &c->r, *V = &c->v, *M = &c->m, *O0 = &c->o0, *O1 = &c->o1;
+    const char *pr = R->p + row * R->rs + s * R->ts;
+    const char *pv = c->has_v ? V->p + row * V->rs + s * V->ts : NULL;
+    const char *pm = M->p + row * M->rs + s * M->ts;
+    char *p0 = O0->p + row * O0->rs + s * O0->ts;
+    char *p1 = c->has_o1 ? O1->p + row * O1->rs + s * O1->ts : NULL;
+    const int rk = R->kind, vk = V->kind, mk = M->kind, k0 = O0->kind, k1 = O1->kind;
+    const double g = c->g, gl = c->gl;
+    double carry = 0.0, nv = 0.0, cnt = 0.0, s1 = 0.0, s2 = 0.0, kk = 0.0;
+    for (Py_ssize_t j = n - 1; j >= 0; j--) {
+        int ok = okm(mk, pm + j * M->ts);
+        double rt = ld(rk, pr + j * R->ts);
+        double y;
+        if (MODE == GAE_SKIP) {
+            double vt = ld(vk, pv + j * V->ts);
+            double nw = rt + g * nv - vt + gl * carry;
+            carry = ok ? nw : carry;
+            nv = ok ? vt : nv;
+            y = carry;
+            st(k1, p1 + j * O1->ts, carry + vt);
+        } else if (MODE == GAE_MUL) {
+            double vt = ok ? ld(vk, pv + j * V->ts) : 0.0;
+            rt = ok ? rt : 0.0;
+            carry = rt + g * nv - vt + gl * carry;
+            nv = vt;
+            y = carry;
+            st(k1, p1 + j * O1->ts, carry + vt);
+        } else if (MODE == RET_SKIP) {
+            double nw = rt + g * carry;
+            carry = ok ? nw : carry;
+            y = ok ? carry : 0.0;
+        } else {
+            rt = ok ? rt : 0.0;
+            carry = rt + g * carry;
+            y = carry;
+        }
+        st(k0, p0 + j * O0->ts, y);
+        if (STATS_ON) {
+            double x = k0 == K_F4 ? (double)(float)y : y;
+            kk = (ok && cnt == 0.0) ? x : kk;
+            double d = ok ? x - kk : 0.0;
+            cnt += ok ? 1.0 : 0.0;
+            s1 += d;
+            s2 += d * d;
+        }
+    }
+    if (STATS_ON)
+        put_stats(c->stats + 3 * i, cnt, kk, s1, s2);
+}
+
+static void scan_scalar(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
+    for (Py_ssize_t i = hi - 1; i >= lo; i--) {
+        switch (c->mode * 2 + (c->want_stats != 0)) {
+        case 0: scan_one(c, i, GAE_SKIP, 0); break;
+        case 1: scan_one(c, i, GAE_SKIP, 1); break;
+        case 2: scan_one(c, i, GAE_MUL, 0); break;
+        case 3: scan_one(c, i, GAE_MUL, 1); break;
+        case 4: scan_one(c, i, RET_SKIP, 0); break;
+        case 5: scan_one(c, i, RET_SKIP, 1); break;
+        case 6: scan_one(c, i, RET_MUL, 0); break;
+        default: scan_one(c, i, RET_MUL, 1); break;
+        }
+    }
+}
+
+/* Welford's (count, mean, M2) of the valid entries (_token_cpu.row_stats) */
+static void row_stats(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
+    const Arr *X = &c->src, *M = &c->m;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        Py_ssize_t row, s, n;
+        where(c, i, &row, &s, &n);
+        const char *px = X->p + row * X->rs + s * X->ts;
+        const char *pm = M->p + row * M->rs + s * M->ts;
+        double cnt = 0.0, mean = 0.0, m2 = 0.0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            if (okm(M->kind, pm + k * M->ts)) {
+                double xt = ld(X->kind, px + k * X->ts);
+                cnt += 1.0;
+                double d = xt - mean;
+                mean += d / cnt;
+                m2 += d * (xt - mean);
+            }
+        }
+        c->stats[3 * i] = cnt;
+        c->stats[3 * i + 1] = mean;
+        c->stats[3 * i + 2] = m2;
+    }
+}
+
+/* _token_cpu.finish: the rows' statistics combined in order -> (mean, 1 / std) */
+static void finish(Ctx *c) {
+    double cnt = 0.0, mean = 0.0, m2 = 0.0;
+    for (Py_ssize_t i = 0; i < c->n; i++) {
+        double nb = c->stats[3 * i];
+        if (nb == 0.0)
+            continue;
+        double n = cnt + nb;
+        double d = c->stats[3 * i + 1] - mean;
+        mean += d * nb / n;
+        m2 += c->stats[3 * i + 2] + d * d * cnt * nb / n;
+        cnt = n;
+    }
+    double mu = mean * cnt / (cnt + c->count_eps);
+    double d = mean - mu;
+    double var = (m2 + cnt * d * d) / (cnt + c->count_eps);
+    if (c->unbiased)
+        var = var * (cnt / (cnt - 1.0));
+    c->mu = mu;
+    c->rstd = 1.0 / sqrt(var + c->eps);
+}
+
+/* ------------------------------------------------------------------ whitening pass */
+
+#define WHITEN_LOOP(LOAD, STORE)                                                         \
+    for (Py_ssize_t k = 0; k < n; k++) {                                                 \
+        double y = ((LOAD) - mu) * rstd;                                                 \
+        if (!shift)                                                                      \
+            y += mu;                                                                     \
+        if (has_fill)                                                                    \
+            y = okm(M->kind, pm + k * M->ts) ? y : fill;                                 \
+        STORE;                                                                           \
+    }
+
+CT_INLINE void whiten_range(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
+    const Arr *X = &c->src, *M = &c->m, *O = &c->o0;
+    const double mu = c->mu, rstd = c->rstd, fill = c->fill;
+    const int shift = c->shift, has_fill = c->has_fill;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        Py_ssize_t row, s, n;
+        where(c, i, &row, &s, &n);
+        const char *px = X->p + row * X->rs + s * X->ts;
+        const char *pm = M->p + row * M->rs + s * M->ts;
+        char *po = O->p + row * O->rs + s * O->ts;
+        if (X->kind == K_F4 && O->kind == K_F4 && X->ts == 4 && O->ts == 4 && !has_fill) {
+            const float *x = (const float *)px;
+            float *o = (float *)po;
+            if (shift) {
+                for (Py_ssize_t k = 0; k < n; k++)
+                    o[k] = (float)(((double)x[k] - mu) * rstd);
+            } else {
+                for (Py_ssize_t k = 0; k < n; k++)
+                    o[k] = (float)(((double)x[k] - mu) * rstd + mu);
+            }
+        } else if (X->kind == K_F8 && O->kind == K_F8 && X->ts == 8 && O->ts == 8 &&
+                   !has_fill) {
+            const double *x = (const double *)px;
+            double *o = (double *)po;
+            if (shift) {
+                for (Py_ssize_t k = 0; k < n; k++)
+                    o[k] = (x[k] - mu) * rstd;
+            } else {
+                for (Py_ssize_t k = 0; k < n; k++)
+                    o[k] = (x[k] - mu) * rstd + mu;
+            }
+        } else {
+            WHITEN_LOOP(ld(X->kind, px + k * X->ts), st(O->kind, po + k * O->ts, y))
+        }
+    }
+}
+
+static void whiten_scalar(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
+    whiten_range(c, lo, hi);
+}
+
+#if CT_AVX2
+CT_AVX2_FN static void whiten_avx2(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
+    whiten_range(c, lo, hi); /* the same loops, vectorised by the compiler for AVX2 */
+}
+#endif
+
+/* ------------------------------------------------------------------ AVX2 scan */
+
+#if CT_AVX2
+
+/* 8x8 transpose: in r[i] = row i's tokens 0..7; out r[k] = token k of rows 0..7 */
+CT_AVX2_FN CT_INLINE void tr8(__m256 *r) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+    __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+    __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* 4x4 transpose of doubles */
+CT_AVX2_FN CT_INLINE void tr4d(__m256d *r) {
+    __m256d t0 = _mm256_unpacklo_pd(r[0], r[1]), t1 = _mm256_unpackhi_pd(r[0], r[1]);
+    __m256d t2 = _mm256_unpacklo_pd(r[2], r[3]), t3 = _mm256_unpackhi_pd(r[2], r[3]);
+    r[0] = _mm256_permute2f128_pd(t0, t2, 0x20);
+    r[1] = _mm256_permute2f128_pd(t1, t3, 0x20);
+    r[2] = _mm256_permute2f128_pd(t0, t2, 0x31);
+    r[3] = _mm256_permute2f128_pd(t1, t3, 0x31);
+}
+
+/* tile[k][l] (float64) = token b + k of lane l, k < kn */
+CT_AVX2_FN CT_INLINE void load_tile(const Arr *a, const char *const *base, Py_ssize_t b,
+                                    int kn, double *tile) {
+    if (kn == 8 && a->kind == K_F4 && a->ts == 4) {
+        __m256 x[8];
+        for (int l = 0; l < 8; l++)
+            x[l] = _mm256_loadu_ps((const float *)(base[l] + b * 4));
+        tr8(x);
+        for (int k = 0; k < 8; k++) {
+            _mm256_store_pd(tile + 8 * k, _mm256_cvtps_pd(_mm256_castps256_ps128(x[k])));
+            _mm256_store_pd(tile + 8 * k + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(x[k], 1)));
+        }
+    } else if (kn == 8 && a->kind == K_BF16 && a->ts == 2) {
+        __m256 x[8];
+        for (int l = 0; l < 8; l++) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(base[l] + b * 2));
+            x[l] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        }
+        tr8(x);
+        for (int k = 0; k < 8; k++) {
+            _mm256_store_pd(tile + 8 * k, _mm256_cvtps_pd(_mm256_castps256_ps128(x[k])));
+            _mm256_store_pd(tile + 8 * k + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(x[k], 1)));
+        }
+    } else if (kn == 8 && a->kind == K_F8 && a->ts == 8) {
+        for (int lq = 0; lq < 8; lq += 4)
+            for (int kq = 0; kq < 8; kq += 4) {
+                __m256d x[4];
+                for (int l = 0; l < 4; l++)
+                    x[l] = _mm256_loadu_pd((const double *)(base[lq + l] + (b + kq) * 8));
+                tr4d(x);
+                for (int k = 0; k < 4; k++)
+                    _mm256_store_pd(tile + 8 * (kq + k) + lq, x[k]);
+            }
+    } else {
+        for (int l = 0; l < 8; l++)
+            for (int k = 0; k < kn; k++)
+                tile[8 * k + l] = ld(a->kind, base[l] + (b + k) * a->ts);
+    }
+}
+
+/* bit k of the result: token b + k of this lane is valid (k < kn) */
+CT_AVX2_FN CT_INLINE unsigned mask_bits(const Arr *m, const char *base, Py_ssize_t b, int kn) {
+    const char *p = base + b * m->ts;
+    if (kn == 8) {
+        const __m256i z = _mm256_setzero_si256();
+        if (m->kind == K_I8 && m->ts == 8) {
+            __m256i a0 = _mm256_loadu_si256((const __m256i *)p);
+            __m256i a1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+            unsigned e0 = (unsigned)_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(a0, z)));
+            unsigned e1 = (unsigned)_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(a1, z)));
+            return ~(e0 | e1 << 4) & 0xffu;
+        }
+        if (m->kind == K_I1 && m->ts == 1) {
+            __m128i a = _mm_loadl_epi64((const __m128i *)p);
+            return ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(a, _mm_setzero_si128())) & 0xffu;
+        }
+        if (m->kind == K_I4 && m->ts == 4) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)p);
+            return ~(unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, z))) &
+                   0xffu;
+        }
+        if (m->kind == K_F4 && m->ts == 4) {
+            __m256 a = _mm256_loadu_ps((const float *)p);
+            return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+        }
+    }
+    unsigned bits = 0;
+    for (int k = 0; k < kn; k++)
+        bits |= (unsigned)okm(m->kind, p + k * m->ts) << k;
+    return bits;
+}
+
+/* tile[k][l] -> lane l's tokens b + k (lanes < nl) */
+CT_AVX2_FN CT_INLINE void store_tile(const Arr *a, char *const *base, Py_ssize_t b, int kn,
+                                     int nl, const double *tile) {
+    if (kn == 8 && a->kind == K_F4 && a->ts == 4) {
+        __m256 x[8];
+        for (int k = 0; k < 8; k++) {
+            __m128 lo4 = _mm256_cvtpd_ps(_mm256_load_pd(tile + 8 * k));
+            __m128 hi4 = _mm256_cvtpd_ps(_mm256_load_pd(tile + 8 * k + 4));
+            x[k] = _mm256_insertf128_ps(_mm256_castps128_ps256(lo4), hi4, 1);
+        }
+        tr8(x);
+        for (int l = 0; l < nl; l++)
+            _mm256_storeu_ps((float *)(base[l] + b * 4), x[l]);
+    } else if (kn == 8 && a->kind == K_F8 && a->ts == 8 && nl == 8) {
+        for (int lq = 0; lq < 8; lq += 4)
+            for (int kq = 0; kq < 8; kq += 4) {
+                __m256d x[4];
+                for (int k = 0; k < 4; k++)
+                    x[k] = _mm256_load_pd(tile + 8 * (kq + k) + lq);
+                tr4d(x);
+                for (int l = 0; l < 4; l++)
+                    _mm256_storeu_pd((double *)(base[lq + l] + (b + kq) * 8), x[l]);
+            }
+    } else {
+        for (int l = 0; l < nl; l++)
+            for (int k = 0; k < kn; k++)
+                st(a->kind, base[l] + (b + k) * a->ts, tile[8 * k + l]);
+    }
+}
+
+#define ALIGN32 __attribute__((aligned(32)))
+#define PF_TOKENS 128 /* how far ahead (in tokens) the scan prefetches its inputs */
+
+/* One group of up to 8 padded responses (lanes past nl repeat lane 0 and are not stored) */
+CT_AVX2_FN CT_INLINE void vec_group(const Ctx *c, Py_ssize_t first, int nl, const int MODE,
+                                    const int STATS_ON, const int OUT_F32) {
+    const char *br[8], *bv[8], *bm[8];
+    char *b0[8], *b1[8];
+    for (int l = 0; l < 8; l++) {
+        Py_ssize_t row = first + (l < nl ? l : 0);
+        br[l] = c->r.p + row * c->r.rs;
+        bv[l] = c->has_v ? c->v.p + row * c->v.rs : br[l];
+        bm[l] = c->m.p + row * c->m.rs;
+        b0[l] = c->o0.p + row * c->o0.rs;
+        b1[l] = c->has_o1 ? c->o1.p + row * c->o1.rs : b0[l];
+    }
+    double R[64] ALIGN32, V[64] ALIGN32, A[64] ALIGN32, Q[64] ALIGN32;
+    const __m256d g = _mm256_set1_pd(c->g), gl = _mm256_set1_pd(c->gl);
+    const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0);
+    __m256d carry[2] = {zero, zero}, nv[2] = {zero, zero}, cnt[2] = {zero, zero};
+    __m256d s1[2] = {zero, zero}, s2[2] = {zero, zero}, kk[2] = {zero, zero};
+    const int two = MODE == GAE_SKIP || MODE == GAE_MUL;
+    const Py_ssize_t P = c->P;
+    Py_ssize_t b = P - P % 8;
+    int kn = (int)(P % 8);
+    if (kn == 0) {
+        b -= 8;
+        kn = 8;
+    }
+    for (; b >= 0; b -= 8, kn = 8) {
+        if (b >= PF_TOKENS) {
+            /* 40 streams (8 rows x 5 arrays) run backwards: more than the hardware
+               prefetchers follow, so the inputs' lines are asked for ahead */
+            Py_ssize_t q = b - PF_TOKENS;
+            for (int l = 0; l < 8; l++) {
+                _mm_prefetch(br[l] + q * c->r.ts, _MM_HINT_T0);
+                if (two)
+                    _mm_prefetch(bv[l] + q * c->v.ts, _MM_HINT_T0);
+                _mm_prefetch(bm[l] + q * c->m.ts, _MM_HINT_T0);
+            }
+        }
+        load_tile(&c->r, br, b, kn, R);
+        if (two)
+            load_tile(&c->v, bv, b, kn, V);
+        unsigned mb[8];
+        for (int l = 0; l < 8; l++)
+            mb[l] = mask_bits(&c->m, bm[l], b, kn);
+        __m256i mv[2] = {_mm256_set_epi64x(mb[3], mb[2], mb[1], mb[0]),
+                         _mm256_set_epi64x(mb[7], mb[6], mb[5], mb[4])};
+        for (int k = kn - 1; k >= 0; k--) {
+            const __m256i bit = _mm256_set1_epi64x((long long)1 << k);
+            for (int h = 0; h < 2; h++) {
+                __m256d ok = _mm256_castsi256_pd(
+                    _mm256_cmpeq_epi64(_mm256_and_si256(mv[h], bit), bit));
+                __m256d rt = _mm256_load_pd(R + 8 * k + 4 * h), y;
+                if (MODE == GAE_SKIP) {
+                    __m256d vt = _mm256_load_pd(V + 8 * k + 4 * h);
+                    __m256d nw = _mm256_add_pd(
+                        _mm256_sub_pd(_mm256_add_pd(rt, _mm256_mul_pd(g, nv[h])), vt),
+                        _mm256_mul_pd(gl, carry[h]));
+                    carry[h] = _mm256_blendv_pd(carry[h], nw, ok);
+                    nv[h] = _mm256_blendv_pd(nv[h], vt, ok);
+                    y = carry[h];
+                    _mm256_store_pd(Q + 8 * k + 4 * h, _mm256_add_pd(carry[h], vt));
+                } else if (MODE == GAE_MUL) {
+                    __m256d vt = _mm256_and_pd(_mm256_load_pd(V + 8 * k + 4 * h), ok);
+                    rt = _mm256_and_pd(rt, ok);
+                    carry[h] = _mm256_add_pd(
+                        _mm256_sub_pd(_mm256_add_pd(rt, _mm256_mul_pd(g, nv[h])), vt),
+                        _mm256_mul_pd(gl, carry[h]));
+                    nv[h] = vt;
+                    y = carry[h];
+                    _mm256_store_pd(Q + 8 * k + 4 * h, _mm256_add_pd(carry[h], vt));
+                } else if (MODE == RET_SKIP) {
+                    __m256d nw = _mm256_add_pd(rt, _mm256_mul_pd(g, carry[h]));
+                    carry[h] = _mm256_blendv_pd(carry[h], nw, ok);
+                    y = _mm256_and_pd(carry[h], ok);
+                } else {
+                    rt = _mm256_and_pd(rt, ok);
+                    carry[h] = _mm256_add_pd(rt, _mm256_mul_pd(g, carry[h]));
+                    y = carry[h];
+                }
+                _mm256_store_pd(A + 8 * k + 4 * h, y);
+                if (STATS_ON) {
+                    __m256d x = OUT_F32 ? _mm256_cvtps_pd(_mm256_cvtpd_ps(y)) : y;
+                    __m256d fst = _mm256_and_pd(ok, _mm256_cmp_pd(cnt[h], zero, _CMP_EQ_OQ));
+                    kk[h] = _mm256_blendv_pd(kk[h], x, fst);
+                    __m256d d = _mm256_and_pd(_mm256_sub_pd(x, kk[h]), ok);
+                    cnt[h] = _mm256_add_pd(cnt[h], _mm256_and_pd(one, ok));
+                    s1[h] = _mm256_add_pd(s1[h], d);
+                    s2[h] = _mm256_add_pd(s2[h], _mm256_mul_pd(d, d));
+                }
+            }
+        }
+        store_tile(&c->o0, b0, b, kn, nl, A);
+        if (two)
+            store_tile(&c->o1, b1, b, kn, nl, Q);
+    }
+    if (STATS_ON) {
+        double vc[8] ALIGN32, vk[8] ALIGN32, v1[8] ALIGN32, v2[8] ALIGN32;
+        for (int h = 0; h < 2; h++) {
+            _mm256_store_pd(vc + 4 * h, cnt[h]);
+            _mm256_store_pd(vk + 4 * h, kk[h]);
+            _mm256_store_pd(v1 + 4 * h, s1[h]);
+            _mm256_store_pd(v2 + 4 * h, s2[h]);
+        }
+        for (int l = 0; l < nl; l++)
+            put_stats(c->stats + 3 * (first + l), vc[l], vk[l], v1[l], v2[l]);
+    }
+}
+
+#define VEC_CASE(MODE, ST)                                                               \
+    for (Py_ssize_t g0 = hi; g0 > lo; g0 -= 8) {                                         \
+        Py_ssize_t first = g0 - 8 < lo ? lo : g0 - 8;                                    \
+        if (c->out_f32)                                                                  \
+            vec_group(c, first, (int)(g0 - first), MODE, ST, 1);                         \
+        else                                                                             \
+            vec_group(c, first, (int)(g0 - first), MODE, ST, 0);                         \
+    }                                                                                    \
+    break;
+
+CT_AVX2_FN static void scan_avx2(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
+    switch (c->mode * 2 + (c->want_stats != 0)) {
+    case 0: VEC_CASE(GAE_SKIP, 0)
+    case 1: VEC_CASE(GAE_SKIP, 1)
+    case 2: VEC_CASE(GAE_MUL, 0)
+    case 3: VEC_CASE(GAE_MUL, 1)
+    case 4: VEC_CASE(RET_SKIP, 0)
+    case 5: VEC_CASE(RET_SKIP, 1)
+    case 6: VEC_CASE(RET_MUL, 0)
+    default: VEC_CASE(RET_MUL, 1)
+    }
+}
+#endif /* CT_AVX2 */
+
+/* ------------------------------------------------------------------ threads */
+
+enum { PH_SCAN = 0, PH_ROWSTATS = 1, PH_WHITEN = 2 };
+
+static int have_avx2(void) {
+#if CT_AVX2
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+    return known;
+#else
+    return 0;
+#endif
+}
+
+static void run_phase(const Ctx *c, int phase, Py_ssize_t lo, Py_ssize_t hi) {
+    if (phase == PH_SCAN) {
+#if CT_AVX2
+        if (c->vec) {
+            scan_avx2(c, lo, hi);
+            return;
+        }
+#endif
+        scan_scalar(c, lo, hi);
+    } else if (phase == PH_ROWSTATS) {
+        row_stats(c, lo, hi);
+    } else {
+#if CT_AVX2
+        if (have_avx2()) {
+            whiten_avx2(c, lo, hi);
+            return;
+        }
+#endif
+        whiten_scalar(c, lo, hi);
+    }
+}
+
+#define MAX_THREADS 16
+
+typedef struct {
+    const Ctx *c;
+    int phase;
+    Py_ssize_t lo, hi;
+} Job;
+
+#ifndef _WIN32
+static void *worker(void *arg) {
+    Job *j = (Job *)arg;
+    run_phase(j->c, j->phase, j->lo, j->hi);
+    return NULL;
+}
+#endif
+
+/* responses [0, n) split in contiguous ranges over `threads` threads (the caller's one
+   of them); steps of 8 responses keep the AVX2 groups whole */
+static void parallel(const Ctx *c, int phase, int threads) {
+    Py_ssize_t n = c->n;
+    if (threads > MAX_THREADS)
+        threads = MAX_THREADS;
+#ifndef _WIN32
+    if (threads > 1 && n > 1) {
+        Py_ssize_t step = (n + threads - 1) / threads;
+        if (c->vec)
+            step = (step + 7) / 8 * 8;
+        pthread_t tid[MAX_THREADS];
+        Job jobs[MAX_THREADS];
+        int started[MAX_THREADS];
+        int nj = 0;
+        for (Py_ssize_t lo = step; lo < n; lo += step, nj++) {
+            jobs[nj].c = c;
+            jobs[nj].phase = phase;
+            jobs[nj].lo = lo;
+            jobs[nj].hi = lo + step < n ? lo + step : n;
+            started[nj] = pthread_create(&tid[nj], NULL, worker, &jobs[nj]) == 0;
+            if (!started[nj])
+                worker(&jobs[nj]);
+        }
+        run_phase(c, phase, 0, step < n ? step : n);
+        for (int t = 0; t < nj; t++)
+            if (started[t])
+                pthread_join(tid[t], NULL);
+        return;
+    }
+#endif
+    run_phase(c, phase, 0, n);
+}
+
+/* ------------------------------------------------------------------ arguments */
+
+static int data_kind(const Py_buffer *b, int out) {
+    const char *f = b->format ? b->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    else if (*f == '>' || *f == '!')
+        return 0;
+    if (f[0] == '\0' || f[1] != '\0')
+        return 0;
+    if (*f == 'f' && b->itemsize == 4)
+        return K_F4;
+    if (*f == 'd' && b->itemsize == 8)
+        return K_F8;
+    if (!out && *f == 'h' && b->itemsize == 2)
+        return K_BF16;
+    return 0;
+}
+
+static int mask_kind(const Py_buffer *b) {
+    const char *f = b->format ? b->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    else if (*f == '>' || *f == '!')
+        return 0;
+    if (f[0] == '\0' || f[1] != '\0')
+        return 0;
+    if (*f == 'f' && b->itemsize == 4)
+        return K_F4;
+    if (*f == 'd' && b->itemsize == 8)
+        return K_F8;
+    if (strchr("?bBhHiIlLqQnN", *f) == NULL)
+        return 0;
+    switch (b->itemsize) {
+    case 1: return K_I1;
+    case 2: return K_I2;
+    case 4: return K_I4;
+    case 8: return K_I8;
+    default: return 0;
+    }
+}
+
+typedef struct {
+    Py_buffer views[8];
+    int nviews;
+} Views;
+
+static void release(Views *vs) {
+    for (int i = 0; i < vs->nviews; i++)
+        PyBuffer_Release(&vs->views[i]);
+    vs->nviews = 0;
+}
+
+/* a [R, P] array argument: kind (0: data, 1: output, 2: mask), shape checked */
+static int get_arr(Views *vs, PyObject *o, const char *name, int role, Arr *a,
+                   Py_ssize_t *R, Py_ssize_t *P) {
+    Py_buffer *b = &vs->views[vs->nviews];
+    int flags = PyBUF_STRIDES | PyBUF_FORMAT | (role == 1 ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, b, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a%s 2-D array (buffer protocol), got %.100s",
+                     name, role == 1 ? " writable" : "", Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    vs->nviews++;
+    if (b->ndim != 2) {
+        PyErr_Format(PyExc_ValueError, "%s must be 2-D [rows, tokens], got %d dimensions",
+                     name, b->ndim);
+        return -1;
+    }
+    int kind = role == 2 ? mask_kind(b) : data_kind(b, role == 1);
+    if (!kind) {
+        PyErr_Format(PyExc_TypeError, "%s has an unsupported element format '%s' (itemsize %zd)",
+                     name, b->format ? b->format : "B", b->itemsize);
+        return -1;
+    }
+    if (*R < 0) {
+        *R = b->shape[0];
+        *P = b->shape[1];
+    } else if (b->shape[0] != *R || b->shape[1] != *P) {
+        PyErr_Format(PyExc_ValueError, "%s must have shape [%zd, %zd], got [%zd, %zd]", name,
+                     *R, *P, b->shape[0], b->shape[1]);
+        return -1;
+    }
+    a->p = (char *)b->buf;
+    a->rs = b->strides ? b->strides[0] : b->itemsize * b->shape[1];
+    a->ts = b->strides ? b->strides[1] : b->itemsize;
+    a->kind = kind;
+    return 0;
+}
+
+static int get_index(Views *vs, PyObject *o, const char *name, const int64_t **out,
+                     Py_ssize_t *n) {
+    Py_buffer *b = &vs->views[vs->nviews];
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "layout's %s must be a contiguous int64 array", name);
+        return -1;
+    }
+    vs->nviews++;
+    const char *f = b->format ? b->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    if (b->ndim != 1 || b->itemsize != 8 || strchr("lLqQ", *f) == NULL) {
+        PyErr_Format(PyExc_TypeError, "layout's %s must be a 1-D int64 array", name);
+        return -1;
+    }
+    if (*n >= 0 && b->shape[0] != *n) {
+        PyErr_Format(PyExc_ValueError, "layout's %s must have %zd entries, got %zd", name, *n,
+                     b->shape[0]);
+        return -1;
+    }
+    *n = b->shape[0];
+    *out = (const int64_t *)b->buf;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ run() */
+
+static const char run_doc[] =
+    "run(mode, r, v, m, src, layout, g, gl, out0, out1, wmode, count_eps, eps, unbiased,\n"
+    "    shift, fill, threads)\n\n"
+    "mode 0-3: _token_cpu's scans (GAE_SKIP, GAE_MUL, RET_SKIP, RET_MUL) of r (and v) into\n"
+    "out0 (and out1); mode 4: masked_whiten of src into out0. layout: None (padded, one\n"
+    "response per row) or (rows, starts, lens) int64 arrays. wmode 0: no whitening, 1:\n"
+    "whiten out0 (count_eps, eps, unbiased, shift, fill), 2: only fill masked tokens of\n"
+    "out0. fill: None or a float. threads: how many threads may share the work.";
+
+static PyObject *run(PyObject *self, PyObject *args) {
+    int mode, wmode, unbiased, shift, threads;
+    PyObject *r, *v, *m, *src, *layout, *out0, *out1, *fill;
+    double g, gl, count_eps, eps;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iOOOOOddOOiddppOi:run", &mode, &r, &v, &m, &src, &layout, &g,
+                          &gl, &out0, &out1, &wmode, &count_eps, &eps, &unbiased, &shift, &fill,
+                          &threads))
+        return NULL;
+    if (mode < GAE_SKIP || mode > STATS) {
+        PyErr_Format(PyExc_ValueError, "mode must be 0-4, got %d", mode);
+        return NULL;
+    }
+    if (wmode < W_NONE || wmode > W_FILL) {
+        PyErr_Format(PyExc_ValueError, "wmode must be 0-2, got %d", wmode);
+        return NULL;
+    }
+    if (mode == STATS && wmode != W_STATS) {
+        PyErr_SetString(PyExc_ValueError, "mode 4 (masked_whiten) takes wmode 1");
+        return NULL;
+    }
+    Ctx c;
+    memset(&c, 0, sizeof c);
+    Views vs;
+    vs.nviews = 0;
+    Py_ssize_t R = -1, P = -1;
+    double *stats = NULL;
+    c.mode = mode;
+    c.g = g;
+    c.gl = gl;
+    int two = mode == GAE_SKIP || mode == GAE_MUL;
+    if (mode == STATS) {
+        if (get_arr(&vs, src, "src", 0, &c.src, &R, &P) < 0)
+            goto fail;
+    } else {
+        if (get_arr(&vs, r, "r", 0, &c.r, &R, &P) < 0)
+            goto fail;
+        if (two) {
+            if (v == Py_None) {
+                PyErr_SetString(PyExc_TypeError, "v must be an array for the GAE modes");
+                goto fail;
+            }
+            if (get_arr(&vs, v, "v", 0, &c.v, &R, &P) < 0)
+                goto fail;
+            c.has_v = 1;
+        }
+    }
+    if (get_arr(&vs, m, "m", 2, &c.m, &R, &P) < 0)
+        goto fail;
+    if (get_arr(&vs, out0, "out0", 1, &c.o0, &R, &P) < 0)
+        goto fail;
+    if (two) {
+        if (out1 == Py_None) {
+            PyErr_SetString(PyExc_TypeError, "out1 must be an array for the GAE modes");
+            goto fail;
+        }
+        if (get_arr(&vs, out1, "out1", 1, &c.o1, &R, &P) < 0)
+            goto fail;
+        c.has_o1 = 1;
+    } else {
+        c.o1 = c.o0;
+    }
+    if (!c.has_v)
+        c.v = c.r;
+    c.P = P;
+    if (layout == Py_None) {
+        c.n = R;
+    } else {
+        PyObject *rows, *starts, *lens;
+        if (!PyTuple_Check(layout) || PyTuple_GET_SIZE(layout) != 3) {
+            PyErr_SetString(PyExc_TypeError, "layout must be None or (rows, starts, lens)");
+            goto fail;
+        }
+        rows = PyTuple_GET_ITEM(layout, 0);
+        starts = PyTuple_GET_ITEM(layout, 1);
+        lens = PyTuple_GET_ITEM(layout, 2);
+        Py_ssize_t n = -1;
+        if (get_index(&vs, rows, "rows", &c.rows, &n) < 0 ||
+            get_index(&vs, starts, "starts", &c.starts, &n) < 0 ||
+            get_index(&vs, lens, "lens", &c.lens, &n) < 0)
+            goto fail;
+        c.n = n;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t rw = c.rows[i], s = c.starts[i], l = c.lens[i];
+            if (rw < 0 || rw >= R || s < 0 || l < 0 || s > P || l > P - s) {
+                PyErr_Format(PyExc_ValueError,
+                             "cu_seqlens: response %zd (start %lld, length %lld) lies outside "
+                             "the %zd tokens of the data",
+                             i, (long long)s, (long long)l, P);
+                goto fail;
+            }
+        }
+    }
+    c.out_f32 = c.o0.kind == K_F4;
+    c.wmode = wmode;
+    c.want_stats = wmode == W_STATS;
+    c.unbiased = unbiased;
+    c.shift = shift;
+    c.count_eps = count_eps;
+    c.eps = eps;
+    if (fill != Py_None) {
+        c.fill = PyFloat_AsDouble(fill);
+        if (c.fill == -1.0 && PyErr_Occurred())
+            goto fail;
+        c.has_fill = 1;
+    }
+    if (c.n > 0) {
+        stats = (double *)PyMem_RawCalloc((size_t)c.n * 3, sizeof(double));
+        if (!stats) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+    }
+    c.stats = stats;
+    c.vec = mode != STATS && c.rows == NULL && have_avx2();
+    if (mode != STATS)
+        c.src = c.o0; /* the whitening reads the stored advantages back */
+    if (c.n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        parallel(&c, mode == STATS ? PH_ROWSTATS : PH_SCAN, threads);
+        if (wmode == W_STATS) {
+            finish(&c);
+        } else if (wmode == W_FILL) {
+            c.mu = 0.0;
+            c.rstd = 1.0;
+            c.shift = 1;
+        }
+        if (wmode != W_NONE)
+            parallel(&c, PH_WHITEN, threads);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_RawFree(stats);
+    release(&vs);
+    if (wmode == W_STATS)
+        return Py_BuildValue("(dd)", c.n > 0 ? c.mu : 0.0, c.n > 0 ? c.rstd : 0.0);
+    Py_RETURN_NONE;
+fail:
+    PyMem_RawFree(stats);
+    release(&vs);
+    return NULL;
+}
+
+
+/* ------------------------------------------------------------------ output blocks */
+
+/* Output buffers that outlive their tensors: a fresh 32 MiB buffer costs its page faults
+   (the kernel zeroes every page: about 7 ms per 32 MiB on the 2-core VM, more than the
+   scan itself), so the memory of a freed output goes back to a small cache here and the
+   next call of the same size takes it, already faulted in. Bounded by a byte limit
+   (set_cache_limit; 0 frees every block at once). Blocks are handed to torch through the
+   buffer protocol (torch.frombuffer keeps the block alive as long as the tensor). */
+
+#define POOL_MAX 16
+#define HUGE_ALIGN ((size_t)2 << 20)
+
+typedef struct {
+    void *mem;
+    size_t cap;
+} Slot;
+
+static Slot pool[POOL_MAX];
+static int pool_n = 0;
+static size_t pool_bytes = 0, pool_limit = (size_t)512 << 20;
+#ifndef _WIN32
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+#define POOL_LOCK() pthread_mutex_lock(&pool_lock)
+#define POOL_UNLOCK() pthread_mutex_unlock(&pool_lock)
+#else
+#define POOL_LOCK()
+#define POOL_UNLOCK()
+#endif
+
+static void *raw_alloc(size_t cap) {
+#ifndef _WIN32
+    void *p = NULL;
+    if (posix_memalign(&p, cap >= HUGE_ALIGN ? HUGE_ALIGN : 64, cap) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    if (cap >= HUGE_ALIGN)
+        madvise(p, cap / HUGE_ALIGN * HUGE_ALIGN, MADV_HUGEPAGE); /* advice only */
+#endif
+    return p;
+#else
+    return malloc(cap);
+#endif
+}
+
+static void *pool_get(size_t size, size_t *cap) {
+    void *p = NULL;
+    POOL_LOCK();
+    int best = -1;
+    for (int i = 0; i < pool_n; i++) /* the smallest block that holds it, up to 1.25x */
+        if (pool[i].cap >= size && pool[i].cap - size <= size / 4 &&
+            (best < 0 || pool[i].cap < pool[best].cap))
+            best = i;
+    if (best >= 0) {
+        p = pool[best].mem;
+        *cap = pool[best].cap;
+        pool_bytes -= pool[best].cap;
+        pool[best] = pool[--pool_n];
+    }
+    POOL_UNLOCK();
+    if (!p) {
+        *cap = size > 0 ? size : 1;
+        p = raw_alloc(*cap);
+    }
+    return p;
+}
+
+static void pool_put(void *mem, size_t cap) {
+    void *drop = mem;
+    POOL_LOCK();
+    if (pool_limit > 0 && cap <= pool_limit) {
+        while (pool_n > 0 && (pool_n == POOL_MAX || pool_bytes + cap > pool_limit)) {
+            /* make room: the oldest block goes */
+            free(pool[0].mem);
+            pool_bytes -= pool[0].cap;
+            memmove(pool, pool + 1, sizeof(Slot) * (size_t)(--pool_n));
+        }
+        pool[pool_n].mem = mem;
+        pool[pool_n].cap = cap;
+        pool_n++;
+        pool_bytes += cap;
+        drop = NULL;
+    }
+    POOL_UNLOCK();
+    free(drop);
+}
+
+typedef struct {
+    PyObject_HEAD void *mem;
+    size_t cap;
+    Py_ssize_t size;
+} Block;
+
+static int block_getbuffer(PyObject *self, Py_buffer *view, int flags) {
+    Block *b = (Block *)self;
+    return PyBuffer_FillInfo(view, self, b->mem, b->size, 0, flags);
+}
+
+static void block_dealloc(PyObject *self) {
+    Block *b = (Block *)self;
+    if (b->mem)
+        pool_put(b->mem, b->cap);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyBufferProcs block_as_buffer = {block_getbuffer, NULL};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0) "rl_triton_core._ctoken.Block", /* tp_name */
+    sizeof(Block),                                                  /* tp_basicsize */
+};
+
+static PyObject *empty(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_ssize_t size = PyLong_AsSsize_t(arg);
+    if (size == -1 && PyErr_Occurred())
+        return NULL;
+    if (size < 0) {
+        PyErr_Format(PyExc_ValueError, "nbytes must be >= 0, got %zd", size);
+        return NULL;
+    }
+    Block *b = PyObject_New(Block, &BlockType);
+    if (!b)
+        return NULL;
+    b->size = size;
+    b->mem = pool_get((size_t)size, &b->cap);
+    if (!b->mem) {
+        b->cap = 0;
+        Py_DECREF(b);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)b;
+}
+
+static PyObject *set_cache_limit(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_ssize_t lim = PyLong_AsSsize_t(arg);
+    if (lim == -1 && PyErr_Occurred())
+        return NULL;
+    if (lim < 0) {
+        PyErr_Format(PyExc_ValueError, "limit must be >= 0 bytes, got %zd", lim);
+        return NULL;
+    }
+    POOL_LOCK();
+    pool_limit = (size_t)lim;
+    while (pool_n > 0 && pool_bytes > pool_limit) {
+        free(pool[0].mem);
+        pool_bytes -= pool[0].cap;
+        memmove(pool, pool + 1, sizeof(Slot) * (size_t)(--pool_n));
+    }
+    POOL_UNLOCK();
+    Py_RETURN_NONE;
+}
+
+static PyObject *cache_info(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    POOL_LOCK();
+    int n = pool_n;
+    size_t bytes = pool_bytes, lim = pool_limit;
+    POOL_UNLOCK();
+    return Py_BuildValue("{s:i,s:n,s:n}", "blocks", n, "bytes", (Py_ssize_t)bytes, "limit",
+                         (Py_ssize_t)lim);
+}
+
+static PyObject *simd(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyUnicode_FromString(have_avx2() ? "avx2" : "scalar");
+}
+
+static PyMethodDef methods[] = {
+    {"run", run, METH_VARARGS, run_doc},
+    {"simd", simd, METH_NOARGS, "The scan's instruction set here: 'avx2' or 'scalar'."},
+    {"empty", empty, METH_O, "empty(nbytes): a writable block of memory (from the cache)."},
+    {"set_cache_limit", set_cache_limit, METH_O,
+     "set_cache_limit(nbytes): how many bytes of freed blocks the cache keeps."},
+    {"cache_info", cache_info, METH_NOARGS, "The cache: blocks, bytes, limit."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ctoken",
+                                    "The token-level estimators' CPU kernel (C).", -1,
+                                    methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__ctoken(void) {
+    BlockType.tp_dealloc = block_dealloc;
+    BlockType.tp_as_buffer = &block_as_buffer;
+    BlockType.tp_flags = Py_TPFLAGS_DEFAULT;
+    BlockType.tp_doc = "A block of output memory; back to the cache when freed.";
+    if (PyType_Ready(&BlockType) < 0)
+        return NULL;
+    return PyModule_Create(&module);
+}
