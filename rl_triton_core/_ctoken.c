@@ -53,6 +53,9 @@
 enum { GAE_SKIP = 0, GAE_MUL = 1, RET_SKIP = 2, RET_MUL = 3, STATS = 4 };
 /* element kinds: data (float32, float64, bfloat16 bits); masks (integers by size, floats) */
 enum { K_F4 = 1, K_F8, K_BF16, K_I1, K_I2, K_I4, K_I8 };
+#ifndef NT_MIN_BYTES
+#define NT_MIN_BYTES (16.0 * 1048576.0) /* both outputs' bytes from which stores stream */
+#endif
 enum { W_NONE = 0, W_STATS = 1, W_FILL = 2 }; /* no whitening; whiten; fill only */
 
 typedef struct {
@@ -72,6 +75,7 @@ typedef struct {
     int wmode, unbiased, shift, has_fill;
     double count_eps, eps, fill, mu, rstd;
     int vec; /* the AVX2 path runs the padded scan */
+    int nt;  /* ... and streams its float32 outputs to memory (large data, aligned rows) */
 } Ctx;
 
 /* ------------------------------------------------------------------ elements */
@@ -420,6 +424,40 @@ CT_AVX2_FN CT_INLINE unsigned mask_bits(const Arr *m, const char *base, Py_ssize
     return bits;
 }
 
+
+/* tile[k][l] (float64) -> x[l]: lane l's 8 tokens as float32 */
+CT_AVX2_FN CT_INLINE void tile_rows_f32(const double *tile, __m256 *x) {
+    for (int k = 0; k < 8; k++) {
+        __m128 lo4 = _mm256_cvtpd_ps(_mm256_load_pd(tile + 8 * k));
+        __m128 hi4 = _mm256_cvtpd_ps(_mm256_load_pd(tile + 8 * k + 4));
+        x[k] = _mm256_insertf128_ps(_mm256_castps128_ps256(lo4), hi4, 1);
+    }
+    tr8(x);
+}
+
+/* The streamed stores of a float32 output: whole 64-byte lines, no read for ownership.
+   A block at b = 8 (mod 16), the upper half of its lines, waits in `pend` for the block
+   below it (b = 0 mod 16, the scan's next); then each row's line is written in two
+   consecutive 32-byte streamed stores (the write-combining buffer sees the whole line). */
+CT_AVX2_FN CT_INLINE void stream_tile(char *const *base, Py_ssize_t b, int nl,
+                                      const double *tile, __m256 *pend, int *have) {
+    __m256 x[8];
+    tile_rows_f32(tile, x);
+    if ((b & 15) == 8) {
+        for (int l = 0; l < 8; l++)
+            pend[l] = x[l];
+        *have = 1;
+        return;
+    }
+    for (int l = 0; l < nl; l++) {
+        float *o = (float *)(base[l] + b * 4);
+        _mm256_stream_ps(o, x[l]);
+        if (*have)
+            _mm256_stream_ps(o + 8, pend[l]);
+    }
+    *have = 0;
+}
+
 /* tile[k][l] -> lane l's tokens b + k (lanes < nl) */
 CT_AVX2_FN CT_INLINE void store_tile(const Arr *a, char *const *base, Py_ssize_t b, int kn,
                                      int nl, const double *tile) {
@@ -473,6 +511,9 @@ CT_AVX2_FN CT_INLINE void vec_group(const Ctx *c, Py_ssize_t first, int nl, cons
     __m256d s1[2] = {zero, zero}, s2[2] = {zero, zero}, kk[2] = {zero, zero};
     const int two = MODE == GAE_SKIP || MODE == GAE_MUL;
     const Py_ssize_t P = c->P;
+    const int NT = c->nt;
+    __m256 pend0[8], pend1[8];
+    int have0 = 0, have1 = 0;
     Py_ssize_t b = P - P % 8;
     int kn = (int)(P % 8);
     if (kn == 0) {
@@ -544,9 +585,15 @@ CT_AVX2_FN CT_INLINE void vec_group(const Ctx *c, Py_ssize_t first, int nl, cons
                 }
             }
         }
-        store_tile(&c->o0, b0, b, kn, nl, A);
-        if (two)
-            store_tile(&c->o1, b1, b, kn, nl, Q);
+        if (NT && kn == 8 && ((b & 15) == 8 || have0)) {
+            stream_tile(b0, b, nl, A, pend0, &have0);
+            if (two)
+                stream_tile(b1, b, nl, Q, pend1, &have1);
+        } else {
+            store_tile(&c->o0, b0, b, kn, nl, A);
+            if (two)
+                store_tile(&c->o1, b1, b, kn, nl, Q);
+        }
     }
     if (STATS_ON) {
         double vc[8] ALIGN32, vk[8] ALIGN32, v1[8] ALIGN32, v2[8] ALIGN32;
@@ -582,6 +629,8 @@ CT_AVX2_FN static void scan_avx2(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
     case 6: VEC_CASE(RET_MUL, 0)
     default: VEC_CASE(RET_MUL, 1)
     }
+    if (c->nt)
+        _mm_sfence(); /* the streamed stores reach memory before this thread's work ends */
 }
 #endif /* CT_AVX2 */
 
@@ -917,6 +966,12 @@ static PyObject *run(PyObject *self, PyObject *args) {
     }
     c.stats = stats;
     c.vec = mode != STATS && c.rows == NULL && have_avx2();
+    /* streamed stores where the outputs are far larger than the caches: every row of
+       both outputs float32, contiguous, on 64-byte lines */
+    c.nt = c.vec && c.out_f32 && (double)R * (double)P * 8.0 >= NT_MIN_BYTES &&
+           c.o0.ts == 4 && c.o0.rs % 64 == 0 && ((uintptr_t)c.o0.p & 63) == 0 &&
+           (!c.has_o1 || (c.o1.kind == K_F4 && c.o1.ts == 4 && c.o1.rs % 64 == 0 &&
+                          ((uintptr_t)c.o1.p & 63) == 0));
     if (mode != STATS)
         c.src = c.o0; /* the whitening reads the stored advantages back */
     if (c.n > 0) {

@@ -270,3 +270,17 @@ def test_scalar_loop_matches_vector_loop(dtype):
                         1e-8, True, True, None, 1)
             outs.append((o0, o1 if two else o0, mu))
         assert _same(outs[0][:2], outs[1][:2]) and outs[0][2] == outs[1][2]
+
+
+def test_streamed_stores_bitwise(monkeypatch):
+    """Outputs large enough (>= 16 MiB together) for the streamed stores, with a group of
+    fewer than 8 rows at the end."""
+    g = torch.Generator().manual_seed(8)
+    B, T = 260, 8192
+    r, v = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
+    m = _mask(B, T, g, "obs").long()
+    want, got = _both(monkeypatch, rc.masked_gae, r, v, m, gamma=0.99, lmbda=0.95,
+                      whiten=True, count_eps=1e-8, time_dim=-1)
+    assert _same(want, got)
+    want, got = _both(monkeypatch, rc.masked_returns, r, m, gamma=0.99, time_dim=-1)
+    assert _same(want, got)
