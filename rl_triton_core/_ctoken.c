@@ -678,45 +678,55 @@ static void run_phase(const Ctx *c, int phase, Py_ssize_t lo, Py_ssize_t hi) {
 typedef struct {
     const Ctx *c;
     int phase;
-    Py_ssize_t lo, hi;
-} Job;
+    Py_ssize_t chunk;
+    Py_ssize_t next; /* the first response not yet taken (atomic) */
+} Work;
 
-#ifndef _WIN32
+/* take chunks of responses until none is left: a thread slowed down (another process on
+   its core) takes fewer, so the call does not wait on a fixed half */
 static void *worker(void *arg) {
-    Job *j = (Job *)arg;
-    run_phase(j->c, j->phase, j->lo, j->hi);
+    Work *w = (Work *)arg;
+    for (;;) {
+#if defined(__GNUC__)
+        Py_ssize_t lo = __atomic_fetch_add(&w->next, w->chunk, __ATOMIC_RELAXED);
+#else
+        Py_ssize_t lo = w->next;
+        w->next += w->chunk;
+#endif
+        if (lo >= w->c->n)
+            break;
+        Py_ssize_t hi = lo + w->chunk < w->c->n ? lo + w->chunk : w->c->n;
+        run_phase(w->c, w->phase, lo, hi);
+    }
     return NULL;
 }
-#endif
 
-/* responses [0, n) split in contiguous ranges over `threads` threads (the caller's one
-   of them); steps of 8 responses keep the AVX2 groups whole */
+/* responses [0, n) in chunks over `threads` threads (the caller's one of them); chunks
+   of whole 8-response groups for the AVX2 path, about 64K tokens each */
 static void parallel(const Ctx *c, int phase, int threads) {
     Py_ssize_t n = c->n;
     if (threads > MAX_THREADS)
         threads = MAX_THREADS;
 #ifndef _WIN32
     if (threads > 1 && n > 1) {
-        Py_ssize_t step = (n + threads - 1) / threads;
+        Py_ssize_t per = c->rows ? 1 : (c->P > 0 ? c->P : 1);
+        Py_ssize_t chunk = ((Py_ssize_t)1 << 16) / per;
+        Py_ssize_t most = (n + 2 * threads - 1) / (2 * threads); /* >= 2 chunks a thread */
+        if (chunk > most)
+            chunk = most;
+        if (chunk < 1)
+            chunk = 1;
         if (c->vec)
-            step = (step + 7) / 8 * 8;
+            chunk = (chunk + 7) / 8 * 8;
+        Work w = {c, phase, chunk, 0};
         pthread_t tid[MAX_THREADS];
-        Job jobs[MAX_THREADS];
-        int started[MAX_THREADS];
-        int nj = 0;
-        for (Py_ssize_t lo = step; lo < n; lo += step, nj++) {
-            jobs[nj].c = c;
-            jobs[nj].phase = phase;
-            jobs[nj].lo = lo;
-            jobs[nj].hi = lo + step < n ? lo + step : n;
-            started[nj] = pthread_create(&tid[nj], NULL, worker, &jobs[nj]) == 0;
-            if (!started[nj])
-                worker(&jobs[nj]);
-        }
-        run_phase(c, phase, 0, step < n ? step : n);
-        for (int t = 0; t < nj; t++)
-            if (started[t])
-                pthread_join(tid[t], NULL);
+        int nt = 0;
+        for (int t = 1; t < threads; t++)
+            if (pthread_create(&tid[nt], NULL, worker, &w) == 0)
+                nt++;
+        worker(&w);
+        for (int t = 0; t < nt; t++)
+            pthread_join(tid[t], NULL);
         return;
     }
 #endif
