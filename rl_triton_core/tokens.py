@@ -10,8 +10,9 @@ outputs have the promoted dtype of rewards and values. Nothing here synchronises
 host: an empty mask under whitening gives NaN where verl raises.
 
 CUDA tensors run the Triton kernels of :mod:`rl_triton_core._token_kernel`; CPU
-tensors the numba loops of :mod:`rl_triton_core._token_cpu`
-(``RL_TRITON_CORE_BACKEND`` chooses as for every estimator).
+tensors the C kernel ``rl_triton_core._ctoken`` where it was built, else (or with
+``RL_TRITON_CORE_CPU_KERNEL=numba``) the numba loops of :mod:`rl_triton_core._token_cpu`,
+bit for bit the same results (``RL_TRITON_CORE_BACKEND`` chooses as for every estimator).
 """
 
 from __future__ import annotations
