@@ -66,6 +66,13 @@ typedef Py_ssize_t ssz;
 #define MULTIVERSION
 #endif
 #define INLINE static inline __attribute__((always_inline))
+/* the buffers a loop reads and writes never overlap: no runtime alias checks (whose
+ * failure would run the loop's scalar version) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NOALIAS _Pragma("GCC ivdep")
+#else
+#define NOALIAS
+#endif
 
 /* dtype kinds */
 enum { K_F32, K_F64, K_I8, K_I16, K_I32, K_I64 };
@@ -115,16 +122,18 @@ INLINE void load_d(double *restrict dst, const arr_t *a, ssz base, ssz stride, s
     }
 }
 
-/* dst[k] = a[base + k * stride] != 0 (a flag: set where nonzero, NaN included) */
-INLINE void load_m(unsigned char *restrict dst, const arr_t *a, ssz base, ssz stride, ssz n) {
+/* dst[k] = 1.0 where a[base + k * stride] != 0 (a flag: set where nonzero, NaN
+ * included), else 0.0: as wide as the data, so the coefficient loops select without
+ * widening bytes */
+INLINE void load_m(double *restrict dst, const arr_t *a, ssz base, ssz stride, ssz n) {
     const char *p = a->p + base;
     ssz k;
 #define LOADM(T_, SZ)                                                                 \
     if (stride == SZ) {                                                               \
         const T_ *restrict q = (const T_ *)p;                                         \
-        for (k = 0; k < n; k++) dst[k] = q[k] != 0;                                   \
+        for (k = 0; k < n; k++) dst[k] = q[k] != 0 ? 1.0 : 0.0;                       \
     } else {                                                                          \
-        for (k = 0; k < n; k++) dst[k] = *(const T_ *)(p + k * stride) != 0;          \
+        for (k = 0; k < n; k++) dst[k] = *(const T_ *)(p + k * stride) != 0 ? 1.0 : 0.0; \
     }
     switch (a->kind) {
     case K_F32: LOADM(float, 4) break;
@@ -175,25 +184,25 @@ INLINE double get1(const arr_t *a, ssz byte_off) {
  * gamma, lambda per step (filled with the number where it is one); TR: zeros without
  * truncation flags. last_has_no_next: step n - 1 is the stream's last (TD(lambda)'s l'). */
 INLINE void coefs(const ctx_t *c, ssz n, const double *restrict X, const double *restrict V,
-                  const double *restrict NV, const unsigned char *restrict TE,
-                  const unsigned char *restrict TR, const double *restrict G,
+                  const double *restrict NV, const double *restrict TE,
+                  const double *restrict TR, const double *restrict G,
                   const double *restrict L, ssz last_has_no_next, double *restrict A,
                   double *restrict B) {
     ssz k;
     if (c->mode == MODE_GAE) {
-        for (k = 0; k < n; k++) {
+        NOALIAS for (k = 0; k < n; k++) {
             const double gamma = G[k], lmbda = L[k];
-            const int te = TE[k];
-            const int done = te | TR[k];
+            const int te = TE[k] != 0.0;
+            const int done = (TE[k] + TR[k]) != 0.0;
             const double bnv = te ? 0.0 : gamma * NV[k];
             A[k] = X[k] + bnv - V[k];
             B[k] = done ? 0.0 : gamma * lmbda;
         }
     } else {
-        for (k = 0; k < n; k++) {
+        NOALIAS for (k = 0; k < n; k++) {
             const double gamma = G[k], lmbda = L[k];
-            const int te = TE[k];
-            const int done = te | TR[k];
+            const int te = TE[k] != 0.0;
+            const int done = (TE[k] + TR[k]) != 0.0;
             const int nonext = (k == n - 1) & (int)last_has_no_next;
             const double lc = (nonext | done) ? 0.0 : lmbda;
             A[k] = X[k] + (te ? 0.0 : gamma * (1.0 - lc) * NV[k]);
@@ -209,8 +218,7 @@ INLINE void coefs(const ctx_t *c, ssz n, const double *restrict X, const double 
 #define KP (K + 24)
 typedef struct {
     double A[W][KP], B[W][KP + 40], V[W][KP];
-    double X[K], NV[K], G[K], L[K];
-    unsigned char TE[K], TR[K];
+    double X[K], NV[K], G[K], L[K], TE[K], TR[K];
 } rowbuf_t;
 
 INLINE void lane_of(const ctx_t *c, ssz lane, ssz *n, ssz *lo, ssz *hi) {
@@ -228,7 +236,7 @@ static rowbuf_t *rowbuf_new(const ctx_t *c) {
     for (int k = 0; k < K; k++) {
         bf->G[k] = c->gs;
         bf->L[k] = c->lms;
-        bf->TR[k] = 0;
+        bf->TR[k] = 0.0;
     }
     return bf;
 }
@@ -370,8 +378,7 @@ MULTIVERSION static void row_fixup(const ctx_t *c, rowbuf_t *bf, ssz n) {
 /* ------------------------------------------------------------------- column walk */
 
 typedef struct {
-    double X[WC], V[WC], NV[WC], VN[WC], G[WC], L[WC], A[WC], B[WC], H[WC];
-    unsigned char TE[WC], TR[WC];
+    double X[WC], V[WC], NV[WC], VN[WC], G[WC], L[WC], A[WC], B[WC], H[WC], TE[WC], TR[WC];
 } colbuf_t;
 
 /* block b: streams n0 .. n0 + w - 1, consecutive in one lane stride (within one n1 where
@@ -411,34 +418,31 @@ INLINE void col_block(const ctx_t *c, colbuf_t *bf, ssz blk) {
             load_m(bf->TR, &c->tr, off3(&c->tr, n0, N2) + t * c->tr.st, LS(&c->tr), w);
         if (c->g_t) load_d(bf->G, &c->g, off3(&c->g, n0, N2) + t * c->g.st, LS(&c->g), w);
         if (c->l_t) load_d(bf->L, &c->lm, off3(&c->lm, n0, N2) + t * c->lm.st, LS(&c->lm), w);
-        const double gs = c->gs, lms = c->lms;
-        const double *restrict G = c->g_t ? bf->G : NULL, *restrict L = c->l_t ? bf->L : NULL;
+        const double *restrict G = bf->G, *restrict L = bf->L;
         double *restrict A = bf->A, *restrict B = bf->B, *restrict H = bf->H;
         const double *restrict X = bf->X, *restrict V = bf->V;
-        const unsigned char *restrict TE = bf->TE, *restrict TR = bf->TR;
+        const double *restrict TE = bf->TE, *restrict TR = bf->TR;
         if (c->mode == MODE_GAE) {
-            for (k = 0; k < w; k++) {
-                const double gamma = G ? G[k] : gs;
-                const double lmbda = L ? L[k] : lms;
-                const int te = TE[k];
-                const int done = c->has_trunc ? (te | TR[k]) : te;
+            NOALIAS for (k = 0; k < w; k++) {
+                const double gamma = G[k], lmbda = L[k];
+                const int te = TE[k] != 0.0;
+                const int done = (TE[k] + TR[k]) != 0.0;
                 const double bnv = te ? 0.0 : gamma * NV[k];
                 A[k] = X[k] + bnv - V[k];
                 B[k] = done ? 0.0 : gamma * lmbda;
             }
         } else {
             const int nonext = t + 1 >= T;
-            for (k = 0; k < w; k++) {
-                const double gamma = G ? G[k] : gs;
-                const double lmbda = L ? L[k] : lms;
-                const int te = TE[k];
-                const int done = c->has_trunc ? (te | TR[k]) : te;
+            NOALIAS for (k = 0; k < w; k++) {
+                const double gamma = G[k], lmbda = L[k];
+                const int te = TE[k] != 0.0;
+                const int done = (TE[k] + TR[k]) != 0.0;
                 const double lc = (nonext | done) ? 0.0 : lmbda;
                 A[k] = X[k] + (te ? 0.0 : gamma * (1.0 - lc) * NV[k]);
                 B[k] = te ? 0.0 : gamma * lc;
             }
         }
-        for (k = 0; k < w; k++) {
+        NOALIAS for (k = 0; k < w; k++) {
             const double a = A[k], b = B[k];
             H[k] = b == 0.0 ? a : a + b * H[k];
         }
@@ -463,6 +467,11 @@ MULTIVERSION static void *run_job(void *arg) {
     if (c->columns) {
         colbuf_t *bf = (colbuf_t *)malloc(sizeof(colbuf_t));
         if (!bf) return (void *)1;
+        for (int k = 0; k < WC; k++) { /* the numbers, and no truncation: filled once */
+            bf->G[k] = c->gs;
+            bf->L[k] = c->lms;
+            bf->TR[k] = 0.0;
+        }
         for (ssz b = j->lo; b < j->hi; b++) col_block(c, bf, b);
         free(bf);
     } else {

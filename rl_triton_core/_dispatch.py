@@ -15,7 +15,7 @@ import os
 import numpy as np
 import torch
 
-from rl_triton_core import _config
+from rl_triton_core import _config, _cpu_c
 from rl_triton_core._layout import Layout, _np_view
 from rl_triton_core._table import COEF_RANGE
 
@@ -201,7 +201,7 @@ def _s(value):
 def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, like_idx=None):
     """The numba scan (or, for a variant's first call, its numpy stand-in) into ``out0``
     and ``out1``; with ``fast`` (see :func:`run`), records the call as a :class:`CpuPlan`."""
-    from rl_triton_core import _cpu_c, _cpu_first
+    from rl_triton_core import _cpu_first
 
     N1, N2, T = layout.N1, layout.N2, layout.T
     on_cpu = out0.device.type == "cpu"
@@ -370,7 +370,7 @@ class CpuPlan:
                 return None
         if backend_for(_CPU) != "cpu":  # the backend was switched since the recording
             return None
-        from rl_triton_core import _cpu_c, _cpu_first
+        from rl_triton_core import _cpu_first
 
         c_kernel = self.fn is None  # recorded on the C kernel
         if c_kernel != _cpu_c.handles(self.kernel_key):  # RL_TRITON_CORE_CPU_KERNEL changed

@@ -1,4 +1,5 @@
-"""The CPU path's first call of a GAE variant runs in numpy (rl_triton_core._cpu_first)
+"""Where the C kernel is not built (here: switched off, RL_TRITON_CORE_CPU_KERNEL=numba),
+the CPU path's first call of a GAE variant runs in numpy (rl_triton_core._cpu_first)
 while numba loads in a background thread: its result must equal the numba path's bit for
 bit, and the float64 reference within the usual tolerance."""
 
@@ -24,11 +25,13 @@ def first_path(monkeypatch):
     monkeypatch.setattr(_cpu_first, "ready", lambda key: False)
     monkeypatch.setattr(_cpu_first, "warm", lambda key, args: None)
     monkeypatch.setenv("RL_TRITON_CORE_CPU_FIRST", "1")
+    monkeypatch.setenv("RL_TRITON_CORE_CPU_KERNEL", "numba")
 
 
 def _numba(monkeypatch, fn):
     with monkeypatch.context() as m:
         m.setenv("RL_TRITON_CORE_CPU_FIRST", "0")
+        m.setenv("RL_TRITON_CORE_CPU_KERNEL", "numba")
         return fn()
 
 
@@ -169,6 +172,7 @@ def test_fresh_process_first_call_needs_no_numba():
         "print('ok')\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "RL_TRITON_CORE_CPU_FIRST"}
+    env["RL_TRITON_CORE_CPU_KERNEL"] = "numba"
     env.pop("RL_TRITON_CORE_BACKEND", None)
     env.pop("TRITON_INTERPRET", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -110,6 +110,7 @@ def test_replay_waits_for_numba_like_the_full_path(plans, monkeypatch):
     not ready), the plan does not replay."""
     g = torch.Generator().manual_seed(3)
     r, v, te, done, nv = _data(g)
+    monkeypatch.setenv("RL_TRITON_CORE_CPU_KERNEL", "numba")  # numpy's first call is numba's
     rc.gae(r, v, te, done, next_values=nv, time_dim=-2)
     monkeypatch.setenv("RL_TRITON_CORE_CPU_FIRST", "1")
     monkeypatch.setattr(_cpu_first, "ready", lambda key: False)

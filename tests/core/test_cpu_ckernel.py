@@ -1,0 +1,261 @@
+"""The C scan kernel of the CPU path (rl_triton_core._cscan): GAE, TD(lambda) and
+discounted returns, bit for bit the numba loop's results on every layout it walks
+(time-major columns, batch-major rows, long streams cut into segments and fixed up),
+every flag dtype, numbers or tensors for gamma and lambda, with and without next values
+and bootstraps; and within tolerance of the float64 reference. Each case draws fresh
+random inputs; outputs are poisoned with NaN first (``out=``) where a case writes into
+given tensors."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import rl_triton_core as rc
+from rl_triton_core import _cpu_c, _dispatch, reference
+
+pytestmark = [
+    pytest.mark.skipif(not _cpu_c.available(), reason="the C kernel is not built"),
+    pytest.mark.skipif(os.environ.get("RL_TRITON_CORE_BACKEND", "auto") == "triton",
+                       reason="the CPU path only"),
+]
+
+SEED = int(os.environ.get("RL_TEST_SEED", np.random.SeedSequence().entropy % 2**31))
+
+
+def _gen(i):
+    return torch.Generator().manual_seed(SEED + 7919 * i)
+
+
+def _flag(g, shape, p, kind):
+    bits = torch.rand(shape, generator=g) < p
+    if kind == "bool":
+        return bits
+    if kind == "uint8":
+        return bits.to(torch.uint8) * 3
+    if kind == "int64":
+        return bits.to(torch.int64) * -2
+    # float flags: any nonzero is set, NaN included
+    vals = torch.tensor([1.0, 2.0, -1.0, float("nan")])
+    pick = vals[torch.randint(0, 4, shape, generator=g)]
+    return torch.where(bits, pick, torch.zeros(shape)).to(
+        torch.float64 if kind == "float64" else torch.float32)
+
+
+# (layout name, data shape, time_dim, flag shape builder)
+LAYOUTS = [
+    ("time-major", (100, 700), 0),  # above the size where the call takes two threads
+    ("time-major-features", (64, 40, 3), 0),
+    ("batch-major", (37, 130, 1), -2),
+    ("batch-major-2d", (70, 257), -1),
+    ("flat-long", (9000,), -1),
+    ("flat-short", (1500,), -1),
+    ("few-long", (3, 5000), -1),
+    ("middle-axis", (6, 300, 5), 1),
+]
+
+
+def _inputs(g, layout, dtype, flag_kind, p_done, opts):
+    _, shape, td = layout
+    r = torch.randn(shape, generator=g).to(dtype)
+    v = torch.randn(shape, generator=g).to(dtype)
+    te = _flag(g, shape, p_done, flag_kind)
+    tr = _flag(g, shape, p_done, flag_kind)
+    kw = dict(time_dim=td)
+    if "nv" in opts:
+        kw["next_values"] = torch.randn(shape, generator=g).to(dtype)
+    if "boot" in opts:
+        bshape = tuple(s for i, s in enumerate(shape) if i != td % len(shape))
+        kw["bootstrap_value"] = torch.randn(bshape, generator=g).to(dtype)
+    if "gamma-tensor" in opts:
+        kw["gamma"] = (0.5 + 0.5 * torch.rand(shape, generator=g)).to(dtype)
+    else:
+        kw["gamma"] = float(0.9 + 0.1 * torch.rand((), generator=g))
+    if "lmbda-tensor" in opts:
+        kw["lmbda"] = torch.rand(shape, generator=g).to(dtype)
+    else:
+        kw["lmbda"] = float(0.8 + 0.2 * torch.rand((), generator=g))
+    if "strided" in opts:  # every tensor a non-contiguous view
+        def strided(t):
+            if t is None or not isinstance(t, torch.Tensor) or t.dim() == 0:
+                return t
+            big = torch.empty(t.shape + (2,), dtype=t.dtype)
+            big[..., 0] = t
+            big[..., 1] = float("nan") if t.is_floating_point() else 1
+            return big[..., 0]
+        r, v, te, tr = map(strided, (r, v, te, tr))
+        kw = {k: strided(x) for k, x in kw.items()}
+    return r, v, te, tr, kw
+
+
+def _call(name, r, v, te, tr, kw, out=None):
+    if name == "gae":
+        return rc.gae(r, v, te, tr, **kw, out=out)
+    if name == "lambda_returns":
+        return rc.lambda_returns(r, v, te, tr, **kw, out=out)
+    kw = {k: x for k, x in kw.items() if k != "lmbda"}
+    return rc.discounted_returns(r, te, tr, **kw, out=out)
+
+
+def _ref(name, r, v, te, tr, kw):
+    d = {k: (x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x)
+         for k, x in kw.items()}
+    if name == "gae":
+        return reference.gae(r.double(), v.double(), te, tr, **d)
+    if name == "lambda_returns":
+        return reference.lambda_returns(r.double(), v.double(), te, tr, **d)
+    d.pop("lmbda")
+    return reference.discounted_returns(r.double(), te, tr, **d)
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _numba(fn, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setenv("RL_TRITON_CORE_CPU_KERNEL", "numba")
+        m.setenv("RL_TRITON_CORE_CPU_FIRST", "0")
+        return _as_tuple(fn())
+
+
+def _bitwise(a, b):
+    """Bit for bit (NaN where NaN), in numpy: fast for these sizes."""
+    def bits(x):
+        x = x.detach().numpy()
+        return x.view(np.uint8) if x.dtype == np.bool_ else x
+    return len(a) == len(b) and all(
+        x.dtype == y.dtype and x.shape == y.shape
+        and np.array_equal(bits(x), bits(y), equal_nan=x.is_floating_point())
+        for x, y in zip(a, b))
+
+
+OPTS = [(), ("nv",), ("boot",), ("gamma-tensor", "lmbda-tensor"), ("nv", "strided"),
+        ("boot", "gamma-tensor")]
+
+
+@pytest.mark.parametrize("name", ["gae", "lambda_returns", "discounted_returns"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[lay[0] for lay in LAYOUTS])
+def test_c_kernel_equals_numba_and_reference(name, layout, monkeypatch):
+    for i in range(3):
+        g = _gen(hash((name, layout[0], i)) % 10_000)
+        dtype = (torch.float32, torch.float64)[i % 2]
+        flag_kind = ("bool", "float32", "uint8", "int64", "float64")[
+            int(torch.randint(0, 5, (), generator=g))]
+        opts = OPTS[int(torch.randint(0, len(OPTS), (), generator=g))]
+        p_done = (0.0, 0.003, 0.05)[i]
+        r, v, te, tr, kw = _inputs(g, layout, dtype, flag_kind, p_done, opts)
+        before = [t.clone() for t in (r, v, te, tr)]
+        ctx = f"{name} {layout[0]} {dtype} {flag_kind} {opts} p={p_done} seed={SEED}"
+        for threads in (1, 2):
+            with rc.tuning(cpu_threads=threads):
+                got = _as_tuple(_call(name, r, v, te, tr, kw))
+                again = _as_tuple(_call(name, r, v, te, tr, kw))  # the recorded plan
+            want = _numba(lambda: _call(name, r, v, te, tr, kw), monkeypatch)
+            assert _bitwise(got, want), ctx + f" threads={threads}: C != numba"
+            assert _bitwise(again, got), ctx + ": the replayed call differs"
+        expect = _as_tuple(_ref(name, r, v, te, tr, kw))
+        tol = 1e-4 if dtype == torch.float32 else 1e-10
+        for x, e in zip(got, expect):
+            assert x.dtype == dtype and x.shape == r.shape, ctx
+            np.testing.assert_allclose(x.numpy(), e.numpy(), rtol=tol, atol=tol, err_msg=ctx)
+        for t, b in zip((r, v, te, tr), before):
+            assert _bitwise((t,), (b,)), ctx + ": an input was modified"
+
+
+@pytest.mark.parametrize("layout", ["time-major", "batch-major", "flat-long"])
+def test_out_poisoned_with_nan_is_overwritten(layout, monkeypatch):
+    lay = next(x for x in LAYOUTS if x[0] == layout)
+    g = _gen(11)
+    r, v, te, tr, kw = _inputs(g, lay, torch.float32, "bool", 0.01, ())
+    out = (torch.full(r.shape, float("nan")), torch.full(r.shape, float("nan")))
+    got = _call("gae", r, v, te, tr, kw, out=out)
+    assert got[0] is out[0] and got[1] is out[1]
+    want = _numba(lambda: _call("gae", r, v, te, tr, kw), monkeypatch)
+    assert _bitwise(got, want)
+    assert not any(o.isnan().any() for o in out)
+
+
+@pytest.mark.parametrize("resets", ["none", "sparse", "every-step", "segment-edges"])
+def test_segmented_stream_fixup_is_exact(resets, monkeypatch):
+    """A long stream is cut into segments each started from 0 and fixed up: whatever the
+    done flags (none at all: every segment recomputed whole), one sequential pass's bits."""
+    g = _gen(23)
+    T = 70_000  # above the size where the call takes two threads
+    r, v = torch.randn(T, generator=g), torch.randn(T, generator=g)
+    te = torch.zeros(T, dtype=torch.bool)
+    if resets == "sparse":
+        te[torch.randint(0, T, (5,), generator=g)] = True
+    elif resets == "every-step":
+        te[:] = True
+    elif resets == "segment-edges":  # flags on the first and last step of segments
+        for k in range(0, T, 625):
+            te[k] = True
+            te[max(k - 1, 0)] = True
+    for threads in (1, 2):
+        with rc.tuning(cpu_threads=threads):
+            got = rc.gae(r, v, te, gamma=0.999, lmbda=0.99, time_dim=-1)
+        want = _numba(lambda: rc.gae(r, v, te, gamma=0.999, lmbda=0.99, time_dim=-1),
+                      monkeypatch)
+        assert _bitwise(got, want), f"{resets} threads={threads}"
+
+
+def test_c_kernel_runs_without_numba():
+    """A fresh process computes GAE and TD(lambda) on the C kernel without importing
+    numba, and the first calls take no background loading."""
+    code = (
+        "import sys, torch, rl_triton_core as rc\n"
+        "r = torch.randn(128, 64); v = torch.randn(128, 64)\n"
+        "d = torch.rand(128, 64) < 0.05\n"
+        "a = rc.gae(r, v, d, gamma=0.99, lmbda=0.95, time_dim=0)\n"
+        "b = rc.gae(r, v, d, gamma=0.99, lmbda=0.95, time_dim=0)\n"
+        "c = rc.lambda_returns(r, v, d, gamma=0.99, lmbda=0.95, time_dim=0)\n"
+        "import threading\n"
+        "assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])\n"
+        "print('numba' in sys.modules, threading.active_count())\n"
+    )
+    env = dict(os.environ)
+    env.pop("RL_TRITON_CORE_CPU_KERNEL", None)
+    env.pop("RL_TRITON_CORE_BACKEND", None)
+    env.pop("TRITON_INTERPRET", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.split() == ["False", "1"], out.stdout + out.stderr
+
+
+def test_forced_numba_and_unhandled_variants_take_numba(monkeypatch):
+    """RL_TRITON_CORE_CPU_KERNEL=numba, and variants the C kernel does not compute
+    (V-trace, traces), run the numba path; a plan recorded on one kernel is not replayed
+    on the other after the switch."""
+    calls = []
+    real = _cpu_c.run
+    monkeypatch.setattr(_cpu_c, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = _gen(5)
+    r, v = torch.randn(50, 8, generator=g), torch.randn(50, 8, generator=g)
+    d = torch.rand(50, 8, generator=g) < 0.1
+    _dispatch._PLANS.clear()
+    a = rc.gae(r, v, d, gamma=0.9, lmbda=0.9, time_dim=0)
+    rc.gae(r, v, d, gamma=0.9, lmbda=0.9, time_dim=0)
+    assert len(calls) == 2
+    monkeypatch.setenv("RL_TRITON_CORE_CPU_KERNEL", "numba")
+    b = rc.gae(r, v, d, gamma=0.9, lmbda=0.9, time_dim=0)
+    assert len(calls) == 2 and _bitwise(a, b)
+    monkeypatch.delenv("RL_TRITON_CORE_CPU_KERNEL")
+    rc.eligibility_traces(r, d, gamma=0.9, lmbda=0.9, time_dim=0)
+    assert len(calls) == 2
+
+
+def test_unsupported_dtype_falls_back(monkeypatch):
+    """An array dtype the kernel does not read (here a float16 flag, which the CPU path
+    widens, and an int16 flag) still gives numba's result."""
+    g = _gen(9)
+    r, v = torch.randn(40, 6, generator=g), torch.randn(40, 6, generator=g)
+    for d in ((torch.rand(40, 6, generator=g) < 0.1).to(torch.int16),
+              (torch.rand(40, 6, generator=g) < 0.1).to(torch.float16)):
+        got = rc.gae(r, v, d, gamma=0.9, lmbda=0.9, time_dim=0)
+        want = _numba(lambda d=d: rc.gae(r, v, d, gamma=0.9, lmbda=0.9, time_dim=0),
+                      monkeypatch)
+        assert _bitwise(got, want)
