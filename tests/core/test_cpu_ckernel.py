@@ -154,7 +154,7 @@ def test_c_kernel_equals_numba_and_reference(name, layout, monkeypatch):
             with rc.tuning(cpu_threads=threads):
                 got = _as_tuple(_call(name, r, v, te, tr, kw))
                 again = _as_tuple(_call(name, r, v, te, tr, kw))  # the recorded plan
-            want = _numba(lambda: _call(name, r, v, te, tr, kw), monkeypatch)
+            want = _numba(lambda a=(r, v, te, tr, kw): _call(name, *a), monkeypatch)
             assert _bitwise(got, want), ctx + f" threads={threads}: C != numba"
             assert _bitwise(again, got), ctx + ": the replayed call differs"
         expect = _as_tuple(_ref(name, r, v, te, tr, kw))
