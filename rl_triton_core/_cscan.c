@@ -212,7 +212,10 @@ INLINE void coefs(const ctx_t *c, ssz n, const double *restrict X, const double 
 }
 
 /* 8 doubles as one vector (gcc's vector extensions: AVX-512 registers where the CPU has
- * them, pairs or quadruples of narrower ones elsewhere; the same IEEE operations) */
+ * them, pairs or quadruples of narrower ones elsewhere; the same IEEE operations). Other
+ * compilers take the scalar loop. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define VEC8 1
 typedef double v8d __attribute__((vector_size(64)));
 typedef long long v8i __attribute__((vector_size(64)));
 
@@ -237,6 +240,9 @@ INLINE void transpose8(v8d *r) {
         r[i + 4] = __builtin_shuffle(u[i], u[i + 4], hi4);
     }
 }
+#else
+#define VEC8 0
+#endif
 
 /* ---------------------------------------------------------------------- row walk */
 
@@ -352,6 +358,7 @@ INLINE void row_group(const ctx_t *c, rowbuf_t *bf, ssz g0, ssz g1) {
             if (thi[l] - tlo[l] != thi[0] - tlo[0]) same = 0;
             if (thi[l] > tlo[l]) row_load(c, bf, l, n[l], tlo[l], thi[l]);
         }
+#if VEC8
         if (same && nl == W) {
             const ssz m = thi[0] - tlo[0], m8 = m & ~(ssz)7;
             /* the top steps that do not fill a block of 8, one lane at a time */
@@ -386,7 +393,9 @@ INLINE void row_group(const ctx_t *c, rowbuf_t *bf, ssz g0, ssz g1) {
                 for (l = 0; l < W; l++) memcpy(&bf->A[l][q0], &ra[l], sizeof(v8d));
             }
             memcpy(h, &hv, sizeof(hv));
-        } else {
+        } else
+#endif
+        {
             for (l = 0; l < nl; l++) {
                 double hl = h[l];
                 double *restrict A = bf->A[l];

@@ -259,3 +259,20 @@ def test_unsupported_dtype_falls_back(monkeypatch):
         want = _numba(lambda d=d: rc.gae(r, v, d, gamma=0.9, lmbda=0.9, time_dim=0),
                       monkeypatch)
         assert _bitwise(got, want)
+
+
+@pytest.mark.parametrize("layout", ["flat", "time-major", "batch-major"])
+def test_two_threads_equal_numba(layout, monkeypatch):
+    """Calls large enough for the second thread (2M elements and up): the threads' shares
+    and, for a few long streams, the segments' fix-up give one sequential pass's bits."""
+    g = _gen(31)
+    shape, td = {"flat": ((2_200_000,), -1), "time-major": ((1100, 2048), 0),
+                 "batch-major": ((2048, 1100, 1), -2)}[layout]
+    r, v = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    te = torch.rand(shape, generator=g) < 0.002
+    tr = (torch.rand(shape, generator=g) < 0.002).float()
+    with rc.tuning(cpu_threads=2):
+        got = rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95, time_dim=td)
+    want = _numba(lambda: rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95, time_dim=td),
+                  monkeypatch)
+    assert _bitwise(got, want)
