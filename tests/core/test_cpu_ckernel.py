@@ -133,6 +133,17 @@ def _bitwise(a, b):
         for x, y in zip(a, b))
 
 
+@pytest.fixture(params=["vector", "scalar"], autouse=True)
+def recurrence(request):
+    """Every test with the row walk's vector recurrence (where the CPU has AVX-512) and
+    with its scalar loop."""
+    from rl_triton_core import _cscan
+
+    was = _cscan.use_vector(request.param == "vector")
+    yield
+    _cscan.use_vector(was)
+
+
 OPTS = [(), ("nv",), ("boot",), ("gamma-tensor", "lmbda-tensor"), ("nv", "strided"),
         ("boot", "gamma-tensor")]
 
