@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from rl_triton_core import _dispatch
+from rl_triton_core import _cpu_c, _dispatch
 
 __all__ = ["backend_for", "describe"]
 
@@ -43,6 +43,19 @@ def _version(name: str) -> str | None:
         return None
 
 
+def _cpu_kernels() -> str:
+    """Which kernels the CPU path has: the C ones built at install time, or numba only."""
+    import importlib.util
+
+    if os.environ.get("RL_TRITON_CORE_CPU_KERNEL", "c") == "numba":
+        return "CPU kernels: numba (RL_TRITON_CORE_CPU_KERNEL=numba)"
+    c = (["GAE, TD(lambda), discounted returns"] if _cpu_c.available() else []) + (
+        ["the token estimators"] if importlib.util.find_spec("rl_triton_core._ctoken") else [])
+    if not c:
+        return "CPU kernels: numba (the C kernels were not built at install)"
+    return f"CPU kernels: C for {' and '.join(c)}; numba for the rest"
+
+
 def describe(x=None) -> str:
     """A short report for bug reports and logs: the library's, torch's, Triton's and
     numba's versions, the GPU, the backend settings and, for ``x`` (a tensor or a
@@ -52,7 +65,7 @@ def describe(x=None) -> str:
     lines = [f"rl_triton_core {__version__}", f"torch {torch.__version__}"
              + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)"),
              f"triton {_version('triton') or 'not installed'}",
-             f"numba {_version('numba') or 'not installed'}"]
+             f"numba {_version('numba') or 'not installed'}", _cpu_kernels()]
     if torch.cuda.is_available():
         lines.append("GPU " + ", ".join(torch.cuda.get_device_name(i)
                                         for i in range(torch.cuda.device_count())))
@@ -62,7 +75,8 @@ def describe(x=None) -> str:
                  + (" TRITON_INTERPRET=1" if os.environ.get("TRITON_INTERPRET") == "1" else ""))
     if x is not None:
         device = x.device if isinstance(x, torch.Tensor) else torch.device(x)
-        path = {"triton": "the Triton kernels", "numba": "the numba CPU path",
+        path = {"triton": "the Triton kernels",
+                "numba": "the CPU path: its C kernels where built, numba for the rest",
                 "interpreter": "the Triton kernels in Triton's interpreter (slow)"}
         b = backend_for(device)
         lines.append(f"{device}: backend {b} ({path[b]})")

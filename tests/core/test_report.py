@@ -44,8 +44,14 @@ def test_describe_names_versions_and_the_path(monkeypatch):
     assert f"rl_triton_core {rc.__version__}" in text
     assert f"torch {torch.__version__}" in text
     assert "numba " in text and "triton " in text
-    assert "cpu: backend numba (the numba CPU path)" in text
+    assert "cpu: backend numba (the CPU path: its C kernels where built" in text
     assert "backend" not in rc.describe()  # without a tensor: versions only
+    from rl_triton_core import _cpu_c
+
+    kernels = "CPU kernels: C for GAE" if _cpu_c.available() else "CPU kernels: numba"
+    assert kernels in text
+    monkeypatch.setenv("RL_TRITON_CORE_CPU_KERNEL", "numba")
+    assert "CPU kernels: numba (RL_TRITON_CORE_CPU_KERNEL=numba)" in rc.describe()
 
 
 def test_numba_cache_is_not_in_the_source_tree():
