@@ -40,29 +40,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 import numpy as np
 import torch
 
 import rl_triton_core as rc
+from rl_triton_core.bench._timing import median_ms as _median_ms
 
 # --- timing -----------------------------------------------------------------------------
-
-
-def _median_ms(fns, reps):
-    """Median ms of each of ``fns``, called in turn (interleaved) ``reps`` times after two
-    warm-up calls each."""
-    for fn in fns:
-        fn()
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(reps):
-        for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
-            fn()
-            times[i].append(time.perf_counter() - t0)
-    return [statistics.median(t) * 1e3 for t in times]
 
 
 # --- the floor --------------------------------------------------------------------------

@@ -20,12 +20,12 @@ in one process (same machine load), median of ``reps`` calls each after warm-up.
 from __future__ import annotations
 
 import argparse
-import statistics
 import threading
-import time
 
 import numpy as np
 import torch
+
+from rl_triton_core.bench._timing import median_ms
 
 SHAPES = ((1024, 8192), (256, 4096))
 GAMMA, LAM = 1.0, 0.95
@@ -70,17 +70,10 @@ def _floors(r, v, m):
 
 
 def _interleaved_ms(fns, reps):
-    """Median ms of each callable, run round-robin ``reps`` times after two warm-ups."""
-    for fn in fns.values():
-        fn()
-        fn()
-    times = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(t) * 1e3 for k, t in times.items()}
+    """Median ms of each callable, run round-robin ``reps`` times after two warm-ups (the
+    cpu_peers rule: the order rotates every round, so no callable always runs right
+    after the peer)."""
+    return dict(zip(fns, median_ms(list(fns.values()), reps)))
 
 
 def verl_rows(reps=20, shapes=SHAPES):
