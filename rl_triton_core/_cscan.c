@@ -65,7 +65,12 @@ typedef Py_ssize_t ssz;
 #else
 #define MULTIVERSION
 #endif
+#if defined(_MSC_VER)
+#define INLINE static __forceinline
+#define restrict __restrict
+#else
 #define INLINE static inline __attribute__((always_inline))
+#endif
 /* the buffers a loop reads and writes never overlap: no runtime alias checks (whose
  * failure would run the loop's scalar version) */
 #if defined(__GNUC__) && !defined(__clang__)
