@@ -20,11 +20,19 @@ Python loop over tokens. Two levels of use (``docs/llm.md``):
 static methods), keeps OpenRLHF's for :func:`uninstall`, and leaves a method that is
 neither (a subclass's or a user's patch) alone. OpenRLHF is imported only by
 ``install()`` / ``uninstall()`` / ``is_installed()``.
+
+OpenRLHF's own modules import its GPU stack (flash-attn, DeepSpeed, vLLM) when they
+load, so ``install()`` works in an OpenRLHF environment (OpenRLHF installed as its docs
+say); without OpenRLHF, or without a module of its stack, it raises an ``ImportError``
+that names what is missing and the OpenRLHF file that imports it.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import traceback
 
 from rl_triton_openrlhf.functional import get_advantages_and_returns, get_cumulative_returns
 
@@ -37,8 +45,52 @@ _METHODS = {"get_advantages_and_returns": get_advantages_and_returns,
 _ORIGINALS: dict = {}
 
 
+# What OpenRLHF's own modules import at import time (its GPU stack): module -> pip name
+GPU_STACK = {"flash_attn": "flash-attn", "deepspeed": "deepspeed", "vllm": "vllm"}
+
+
 def _maker_class():
-    return importlib.import_module(EXPERIENCE_MAKER).RemoteExperienceMaker
+    try:
+        module = importlib.import_module(EXPERIENCE_MAKER)
+    except ModuleNotFoundError as e:
+        raise _missing(e) from e
+    return module.RemoteExperienceMaker
+
+
+def _missing(e: ModuleNotFoundError) -> ImportError:
+    """The error for an OpenRLHF that cannot be imported: what is missing and why."""
+    missing = (e.name or "").partition(".")[0]
+    if missing == "openrlhf":
+        return ImportError(
+            "rl_triton_openrlhf.install() patches OpenRLHF's RemoteExperienceMaker, and "
+            "OpenRLHF is not installed here. Install rl-triton-core into your OpenRLHF "
+            "environment (OpenRLHF with its GPU stack: flash-attn, DeepSpeed, vLLM).",
+            name="openrlhf")
+    # the last OpenRLHF file on the import chain: the one that imports the missing module
+    sep = f"{os.sep}openrlhf{os.sep}"
+    where = [f.filename for f in traceback.extract_tb(e.__traceback__) if sep in f.filename]
+    origin = ""
+    if where:
+        rel = where[-1].rsplit(sep, 1)[1].replace(os.sep, "/")
+        origin = f", imported by openrlhf/{rel}"
+    absent = [f"{mod} ({pip})" for mod, pip in GPU_STACK.items() if not _importable(mod)]
+    also = f" Not importable here: {', '.join(absent)}." if absent else ""
+    return ImportError(
+        f"rl_triton_openrlhf.install() needs OpenRLHF's {EXPERIENCE_MAKER}, and importing "
+        f"it failed: no module named {e.name!r}{origin}. OpenRLHF's own modules import its "
+        f"dependencies when they load, its GPU stack (flash-attn, DeepSpeed, vLLM) "
+        f"included, so an OpenRLHF installed without them (pip install --no-deps "
+        f"openrlhf) cannot be imported.{also} Call install() in your OpenRLHF environment "
+        f"(OpenRLHF installed as its docs say, on a CUDA machine), with rl-triton-core "
+        f"installed into it.",
+        name=e.name)
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def install() -> None:
