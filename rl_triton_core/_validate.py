@@ -53,13 +53,26 @@ def broadcastable(name: str, t: torch.Tensor, shape, what: str) -> list:
     return strides
 
 
+def floating(name: str, t: torch.Tensor) -> torch.Tensor:
+    """A data tensor (rewards, values, x, ...) must be floating point: integer and bool
+    dtypes are for flags and masks only (a dtype check, no host synchronisation)."""
+    if not t.is_floating_point():
+        raise TypeError(
+            f"{name} must be a float tensor, got dtype {t.dtype}: data takes a floating "
+            f"dtype (only flags and masks may be bool or integer), e.g. {name}.float()"
+        )
+    return t
+
+
 def data_dtype(named: list) -> torch.dtype:
-    """The floating dtype shared by the data tensors (float32 if all are int/bool)."""
+    """The floating dtype shared by the data tensors (None entries skipped); a TypeError
+    naming the first one that is not floating, or that differs from the first."""
     dtype = None
     first = None
     for name, t in named:
-        if t is None or not t.is_floating_point():
+        if t is None:
             continue
+        floating(name, t)
         if dtype is None:
             dtype, first = t.dtype, name
         elif t.dtype != dtype:
@@ -67,7 +80,7 @@ def data_dtype(named: list) -> torch.dtype:
                 f"{name} has dtype {t.dtype} but {first} has {dtype}: pass data tensors "
                 "of one floating dtype"
             )
-    return dtype if dtype is not None else torch.float32
+    return dtype
 
 
 def same_device(named: list) -> torch.device:

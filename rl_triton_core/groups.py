@@ -119,9 +119,7 @@ def group_advantages(scores: torch.Tensor, group: torch.Tensor, *, method: str =
         >>> rc.group_advantages(scores, group, method="rloo")
         tensor([ 1.0000, -0.5000, -0.5000,  0.0000,  0.0000,  3.0000])
     """
-    scores = _validate.tensor("scores", scores)
-    if not scores.is_floating_point():
-        raise TypeError(f"scores must be a float tensor, got dtype {scores.dtype}")
+    scores = _validate.floating("scores", _validate.tensor("scores", scores))
     if scores.dim() != 1:
         raise ValueError(f"scores must be 1-D [B] (one score per response), got shape "
                          f"{tuple(scores.shape)}")

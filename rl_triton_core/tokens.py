@@ -123,9 +123,7 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_ep
         >>> rc.masked_whiten(x, torch.tensor([[1, 1, 1, 0]]), fill=0.0)
         tensor([[-1.0000,  0.0000,  1.0000,  0.0000]])
     """
-    x = _validate.tensor("x", x)
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a float tensor, got dtype {x.dtype}")
+    x = _validate.floating("x", _validate.tensor("x", x))
     mask = _validate.tensor("mask", mask, flag=True)
     _validate.same_shape("mask", mask, "x", x.shape)
     device = _validate.same_device([("x", x), ("mask", mask)])
@@ -175,8 +173,7 @@ def _scan(name, mode, rewards, values, mask, gamma, lmbda, cu_seqlens, time_dim,
         values = _validate.tensor("values", values)
         named.append(("values", values))
     for n, t in named:
-        if not t.is_floating_point():
-            raise TypeError(f"{n} must be a float tensor, got dtype {t.dtype}")
+        _validate.floating(n, t)
     mask = _validate.tensor("mask", mask, flag=True)
     for n, t in named[1:] + [("mask", mask)]:
         _validate.same_shape(n, t, "rewards", rewards.shape)

@@ -425,32 +425,6 @@ def test_two_episodes_in_one_stream_equal_two_streams(name, impl, gen, seed):
         torch.testing.assert_close(w, torch.cat([a, b], dim=1), rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("int_dtype", [torch.int64, torch.int32, torch.uint8, torch.bool],
-                         ids=_dtype_id)
-@pytest.mark.parametrize("name", ("gae", "discounted_returns", "episodic_cumsum",
-                                  "linear_recurrence"))
-def test_integer_data_gives_float32(name, int_dtype, impl, gen, seed):
-    """api.md: outputs are in the data's dtype, float32 for integer or bool inputs."""
-    shape = (3, 33)
-    dev = impl.device
-
-    def ints(hi=3):
-        x = torch.randint(0, hi, shape, generator=gen)
-        return (x > 0 if int_dtype == torch.bool else x.to(int_dtype)).to(dev)
-
-    done = (torch.rand(shape, generator=gen) < 0.2).to(dev)
-    if name == "gae":
-        args, kw = [ints(), ints(), done], dict(gamma=0.9, lmbda=0.8, time_dim=-1)
-    elif name == "discounted_returns":
-        args, kw = [ints(), done], dict(gamma=0.9, time_dim=-1)
-    elif name == "episodic_cumsum":  # running episode length: x = 1
-        args, kw = [torch.ones(shape, dtype=int_dtype, device=dev), done], dict(time_dim=-1)
-    else:
-        args, kw = [ints(), torch.zeros(shape, dtype=int_dtype, device=dev) + (
-            int_dtype != torch.bool)], dict(reverse=False, time_dim=-1)
-    run_case(name, args, kw, impl=impl, dtype=torch.float32, seed=seed)
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("layout", ["batch_major", "time_major"])
 @pytest.mark.parametrize("next_given", [False, True])
