@@ -55,6 +55,12 @@ def compute_value_targets(values, rewards, terminateds, truncateds, gamma: float
     return targets.cpu().numpy() if as_numpy else targets
 
 
+def _floating(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Integer or bool data (e.g. an env's integer rewards) in the values' float dtype, as
+    RLlib's arithmetic promotes it (the core takes float data only)."""
+    return x if x.is_floating_point() else x.to(dtype)
+
+
 def _threshold(x):
     """RLlib passes ``None`` for "no clipping"."""
     return math.inf if x is None else x
@@ -80,7 +86,7 @@ def vtrace_torch(*, target_action_log_probs, behaviour_action_log_probs, discoun
         log_rhos = target_action_log_probs.detach() - behaviour_action_log_probs.detach()
         discounts = discounts.detach()
         vs, pg_advantages = _core.vtrace(
-            log_rhos, rewards.detach(), values.detach(),
+            log_rhos, _floating(rewards.detach(), values.dtype), values.detach(),
             discounts == 0,  # no bootstrap where RLlib's discount is 0 (also implied by gamma)
             truncateds,
             bootstrap_value=bootstrap_values.detach(),

@@ -21,9 +21,10 @@ How TorchRL's arguments map onto the core (``semantics.md``):
 * ``next_state_value`` is the core's ``next_values``; ``gamma`` and ``lmbda``
   (floats, 0-d tensors, or per-step tensors such as TorchRL's
   ``gamma ** steps_to_next_obs``) are passed as they are, except that a 0-d CPU
-  tensor with data on another device is read as a number, and floating data of
-  mixed dtypes is promoted to one (TorchRL's arithmetic allows both; the core
-  takes one device and one data dtype per call).
+  tensor with data on another device is read as a number, and data of mixed
+  dtypes (integer rewards included) is promoted to one floating dtype (TorchRL's
+  arithmetic allows both; the core takes one device and one float data dtype per
+  call).
 * the plain and ``vec_`` forms are the same call: TorchRL's two forms differ in
   how they compute, not in what.
 
@@ -130,12 +131,14 @@ def _coefficient(value, device):
 
 
 def _same_dtype(*tensors):
-    """The floating data in one dtype (TorchRL's arithmetic promotes; the core wants one)."""
+    """The data in one floating dtype, as TorchRL's arithmetic promotes it (the core takes
+    one floating dtype per call): mixed floats promoted, integer or bool data (an integer
+    reward) cast to the floating one (the default dtype where none is floating)."""
     dtypes = {t.dtype for t in tensors if t.is_floating_point()}
-    if len(dtypes) <= 1:
+    if len(dtypes) <= 1 and all(t.is_floating_point() for t in tensors):
         return tensors
-    dtype = functools.reduce(torch.promote_types, dtypes)
-    return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
+    dtype = functools.reduce(torch.promote_types, dtypes) if dtypes else torch.get_default_dtype()
+    return tuple(t if t.dtype == dtype else t.to(dtype) for t in tensors)
 
 
 def _wants_grad(*inputs) -> bool:

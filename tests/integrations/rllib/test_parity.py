@@ -239,3 +239,22 @@ def test_functional_on_triton_kernels(triton_device):
             **{k: x.to(triton_device) for k, x in inputs.items()}, **kwargs)
         for g, e in zip(got, expected, strict=True):
             torch.testing.assert_close(g.cpu(), e, **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_integer_rewards_as_rllib_reads_them(dtype):
+    """An env's integer rewards: RLlib's arithmetic promotes them to the values' dtype, and
+    so do the drop-ins (the core itself takes float data only)."""
+    inputs = vtrace_inputs(np.random.default_rng(0))
+    ints = torch.randint(0, 3, inputs["rewards"].shape)
+    inputs["rewards"] = ints > 0 if dtype == torch.bool else ints.to(dtype)
+    vs_e, pg_e = rllib_vtrace(**inputs)
+    vs, pg = rl_triton_rllib.vtrace_torch(**inputs)
+    torch.testing.assert_close(vs, vs_e, **TOL)
+    torch.testing.assert_close(pg, pg_e, **TOL)
+    values, rewards, term, trunc = flat_stream(np.random.default_rng(1), 4)
+    rewards = rewards.round().astype(np.int64)
+    want = rllib_compute_value_targets(values, rewards, term, trunc, gamma=0.99, lambda_=0.95)
+    got = functional.compute_value_targets(values, rewards, term, trunc, gamma=0.99,
+                                           lambda_=0.95)
+    np.testing.assert_allclose(got, want, **TOL)

@@ -357,3 +357,25 @@ def test_one_core_call(name, core_fn, gen, monkeypatch):
     x = make(gen, (3,), 12, torch.float32, "cpu")
     call(getattr(ours, name), name, 0.95, 0.9, x)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+@pytest.mark.parametrize("name", ["vec_generalized_advantage_estimate", "td1_return_estimate",
+                                  "td_lambda_advantage_estimate", "vtrace_advantage_estimate"])
+def test_integer_reward_as_torchrl_reads_it(name, dtype):
+    """An integer (or bool) reward: TorchRL's arithmetic promotes it to the values' float
+    dtype, and so do the drop-ins (the core itself takes float data only)."""
+    gen = torch.Generator().manual_seed(0)
+    B, T = 3, 11
+    tensors = dict(V=torch.randn(B, T, 1, generator=gen), NV=torch.randn(B, T, 1, generator=gen),
+                   LP=-torch.rand(B, T, 1, generator=gen), LM=-torch.rand(B, T, 1, generator=gen))
+    ints = torch.randint(0, 3, (B, T, 1), generator=gen)
+    tensors["R"] = ints > 0 if dtype == torch.bool else ints.to(dtype)
+    tensors["D"] = torch.rand(B, T, 1, generator=gen) < 0.2
+    tensors["T"] = tensors["D"] & (torch.rand(B, T, 1, generator=gen) < 0.5)
+    want = call(getattr(trl, name), name, 0.9, 0.8, tensors)
+    got = call(getattr(ours, name), name, 0.9, 0.8, tensors)
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,)):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
