@@ -47,7 +47,7 @@ class Tuning:
             row, 4-16 steps a thread) where that fills the GPU; False: the 128-step
             chunk tiles (sweeps).
         wide_index: tests: int64 element offsets even where int32 ones reach every
-            element (the plan's choice for tensors under 2**31 elements).
+            element (the plan's choice for tensors under $2^{31}$ elements).
         fused_actions: ``retrace_from_actions`` on the Triton path in one pass (the
             per-action pieces built as the scan's coefficients): None (default) where
             it measured faster than two passes (batch-major rows of 16-1024 steps);
@@ -91,7 +91,7 @@ _current = Tuning()
 
 
 def current_tuning() -> Tuning:
-    """The :class:`Tuning` in effect."""
+    """The [`Tuning`][] in effect."""
     return _current
 
 
@@ -106,7 +106,7 @@ def set_tuning(value: Tuning) -> Tuning:
 
 @contextlib.contextmanager
 def tuning(**changes):
-    """Run a block with some knobs changed (see :class:`Tuning` for their names)."""
+    """Run a block with some knobs changed (see [`Tuning`][] for their names)."""
     previous = set_tuning(_current.replace(**changes))
     try:
         yield _current

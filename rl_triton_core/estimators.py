@@ -83,20 +83,22 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
         gamma=0.99, lmbda=0.95, time_dim, out=None):
     r"""Generalized Advantage Estimation (Schulman et al. 2015, arXiv:1506.02438).
 
-    .. math::
-
+    $$
+    \begin{gathered}
         \delta_t = r_t + \gamma (1 - \mathrm{terminated}_t) V'_t - V_t \\
         A_t = \delta_t + \gamma \lambda (1 - \mathrm{done}_t) A_{t+1}, \quad A_T = 0 \\
         G_t = A_t + V_t
+    \end{gathered}
+    $$
 
     Args:
-        rewards: ``[..., T, ...]`` rewards r_t, time axis at ``time_dim``.
-        values: same shape, V(s_t).
-        terminated: flags (bool/uint8/float), broadcastable to rewards: s_{t+1} is terminal.
-        truncated: optional flags: the episode was cut after step t (bootstraps from V'_t).
-        next_values: optional, same shape: V(s_{t+1}) of the true successor.
-        bootstrap_value: optional, the shape without the time axis: V'_{T-1} when
-            ``next_values`` is omitted (then V'_t = V_{t+1} for t < T-1).
+        rewards: ``[..., T, ...]`` rewards $r_t$, time axis at ``time_dim``.
+        values: same shape, $V(s_t)$.
+        terminated: flags (bool/uint8/float), broadcastable to rewards: $s_{t+1}$ is terminal.
+        truncated: optional flags: the episode was cut after step t (bootstraps from $V'_t$).
+        next_values: optional, same shape: $V(s_{t+1})$ of the true successor.
+        bootstrap_value: optional, the shape without the time axis: $V'_{T-1}$ when
+            ``next_values`` is omitted (then $V'_t = V_{t+1}$ for $t < T-1$).
         gamma, lmbda: floats in [0, 1] or tensors broadcastable to rewards (per step).
         time_dim: the time axis, a required keyword (no default): ``-1`` for batch-major
             ``[B, T]`` data, ``0`` for time-major ``[T, B]``; omitting it is a TypeError.
@@ -108,11 +110,11 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
             each other (ValueError). Not with autograd (RuntimeError, as torch).
 
     Returns:
-        ``(advantages, value_targets)``, new tensors with rewards' shape, in the data's
-        dtype; with ``out``, the tuple ``(out[0], out[1])`` (the same tensor objects).
+        tuple[Tensor, Tensor]: ``(advantages, value_targets)``, new tensors with rewards'
+        shape, in the data's dtype; with ``out``, the tuple ``(out[0], out[1])`` (the same
+        tensor objects).
 
-    Example::
-
+    Examples:
         >>> import torch
         >>> from rl_triton_core import gae
         >>> r = torch.tensor([1.0, 1.0, 1.0]); v = torch.tensor([0.5, 0.5, 0.5])
@@ -129,26 +131,25 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
                    bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim, out=None):
     r"""TD(lambda) returns (Sutton & Barto 2018, ch. 12; Peng & Williams 1996).
 
-    .. math::
-
+    $$
         G_t = r_t + \gamma (1 - \mathrm{terminated}_t)
               [(1 - \lambda c_t) V'_t + \lambda c_t G_{t+1}], \quad
         c_t = 1 - \mathrm{done}_t, \; c_{T-1} = 0
+    $$
 
-    The window end bootstraps fully from V'_{T-1}. Where V'_t = V_{t+1} at every
-    step that is not done, ``G - values`` equals :func:`gae`'s advantages.
-    Arguments and shapes as :func:`gae`; returns G with rewards' shape. The
-    formula never reads V_t itself: with ``next_values`` given, ``values`` may be
+    The window end bootstraps fully from $V'_{T-1}$. Where $V'_t = V_{t+1}$ at every
+    step that is not done, ``G - values`` equals [`gae`][]'s advantages.
+    Arguments and shapes as [`gae`][]; returns G with rewards' shape. The
+    formula never reads $V_t$ itself: with ``next_values`` given, ``values`` may be
     None.
 
     Args:
-        rewards, values, terminated, truncated, next_values, bootstrap_value, gamma,
-            lmbda, time_dim: as :func:`gae`.
-        out: optional tensor to write G into (returned as is): as :func:`gae`'s
+        rewards, values, terminated, truncated: as [`gae`][].
+        next_values, bootstrap_value, gamma, lmbda, time_dim: as [`gae`][].
+        out: optional tensor to write G into (returned as is): as [`gae`][]'s
             ``out``, one tensor.
 
-    Example::
-
+    Examples:
         >>> import torch
         >>> from rl_triton_core import lambda_returns
         >>> r = torch.ones(3); v = torch.zeros(3); term = torch.zeros(3, dtype=torch.bool)
@@ -162,25 +163,24 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
 
 def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
                        bootstrap_value=None, gamma=0.99, time_dim, out=None):
-    r"""Discounted (Monte-Carlo) returns: :func:`lambda_returns` with lambda = 1.
+    r"""Discounted (Monte-Carlo) returns: [`lambda_returns`][] with lambda = 1.
 
-    .. math::
-
+    $$
         G_t = r_t + \gamma (1 - \mathrm{terminated}_t)
               [\mathrm{truncated}_t V'_t + (1 - \mathrm{done}_t) G_{t+1}]
+    $$
 
-    and at t = T-1 the carry is V'_{T-1}. Without ``next_values`` there are no
-    values to bootstrap from inside the window: V'_t = 0 for t < T-1 (a
-    truncation there contributes nothing) and V'_{T-1} = ``bootstrap_value``.
+    and at $t = T-1$ the carry is $V'_{T-1}$. Without ``next_values`` there are no
+    values to bootstrap from inside the window: $V'_t = 0$ for $t < T-1$ (a
+    truncation there contributes nothing) and $V'_{T-1}$ = ``bootstrap_value``.
 
     Args:
         rewards, terminated, truncated, next_values, bootstrap_value, gamma, time_dim:
-            as :func:`gae`.
-        out: optional tensor to write G into (returned as is): as :func:`gae`'s
+            as [`gae`][].
+        out: optional tensor to write G into (returned as is): as [`gae`][]'s
             ``out``, one tensor.
 
-    Example::
-
+    Examples:
         >>> import torch
         >>> from rl_triton_core import discounted_returns
         >>> r = torch.ones(4); term = torch.tensor([0, 1, 0, 0], dtype=torch.bool)
@@ -197,8 +197,8 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
     r"""V-trace targets and policy-gradient advantages (Espeholt et al. 2018, IMPALA,
     arXiv:1802.01561), with a lambda factor on the trace.
 
-    .. math::
-
+    $$
+    \begin{gathered}
         \rho_t = \min(\bar\rho, e^{\log\rho_t}), \quad
         c_t = \lambda \min(\bar c, e^{\log\rho_t}) \\
         \delta_t = \rho_t (r_t + \gamma (1 - \mathrm{terminated}_t) V'_t - V_t) \\
@@ -206,24 +206,26 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
         \qquad v_{s,t} = V_t + D_t \\
         A^{pg}_t = \min(\bar\rho_{pg}, e^{\log\rho_t})
                    (r_t + \gamma (1 - \mathrm{terminated}_t) v'_{s,t} - V_t)
+    \end{gathered}
+    $$
 
-    with v'_{s,t} = v_{s,t+1} if step t is not done and t < T-1, else V'_t: the
-    advantage at a truncated step and at the window end bootstraps from V', never
+    with $v'_{s,t} = v_{s,t+1}$ if step t is not done and $t < T-1$, else $V'_t$: the
+    advantage at a truncated step and at the window end bootstraps from $V'$, never
     from the next episode's targets. Both outputs come from one pass.
 
     Args:
-        log_rhos: log pi(a_t|s_t) - log mu(a_t|s_t) of the taken actions, rewards' shape.
-        rewards, values, terminated, truncated, next_values, bootstrap_value, gamma,
-            time_dim: as :func:`gae`.
+        log_rhos: $\log \pi(a_t|s_t) - \log \mu(a_t|s_t)$ of the taken actions, rewards' shape.
+        rewards, values, terminated, truncated: as [`gae`][].
+        next_values, bootstrap_value, gamma, time_dim: as [`gae`][].
         lmbda: the trace's lambda factor (1 = the paper's V-trace).
         rho_bar, c_bar, pg_rho_bar: clip thresholds (floats >= 0 or tensors).
-        out: optional ``(vs, pg_advantages)`` tensors to write into: as :func:`gae`'s.
+        out: optional ``(vs, pg_advantages)`` tensors to write into: as [`gae`][]'s.
 
     Returns:
-        ``(vs, pg_advantages)`` with rewards' shape (with ``out``: ``(out[0], out[1])``).
+        tuple[Tensor, Tensor]: ``(vs, pg_advantages)`` with rewards' shape (with ``out``:
+        ``(out[0], out[1])``).
 
-    Example::
-
+    Examples:
         >>> import torch
         >>> from rl_triton_core import vtrace
         >>> r = torch.ones(3); v = torch.zeros(3); term = torch.tensor([False, False, True])
@@ -240,28 +242,29 @@ def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=
             gamma=0.99, lmbda=1.0, c_bar=1.0, time_dim, out=None):
     r"""Retrace(lambda) Q targets (Munos et al. 2016, arXiv:1606.02647).
 
-    .. math::
-
+    $$
+    \begin{gathered}
         c_t = \lambda \min(\bar c, \pi(a_t|s_t) / \mu(a_t|s_t)) \\
         \delta_t = r_t + \gamma (1 - \mathrm{terminated}_t) E_t - Q_t \\
         D_t = \delta_t + \gamma (1 - \mathrm{done}_t) c_{t+1} D_{t+1}, \quad D_T = 0,
         \qquad Q^{ret}_t = Q_t + D_t
+    \end{gathered}
+    $$
 
     The trace of step t uses the ratio (and lambda, c_bar) of step t+1, never of
-    step t. E_t = E_{a ~ pi(.|s_{t+1})} Q(s_{t+1}, a) uses the NEXT state's target
-    policy (see :func:`retrace_from_actions` to build it from per-action tensors).
+    step t. $E_t = \mathbb{E}_{a \sim \pi(\cdot|s_{t+1})} Q(s_{t+1}, a)$ uses the NEXT
+    state's target policy (see [`retrace_from_actions`][] to build it from per-action tensors).
 
     Args:
-        log_rhos: log pi(a_t|s_t) - log mu(a_t|s_t), rewards' shape.
+        log_rhos: $\log \pi(a_t|s_t) - \log \mu(a_t|s_t)$, rewards' shape.
         rewards: r_t. q_values: Q(s_t, a_t). expected_next_q: E_t (at a truncated
             step: of the true final state).
-        terminated, truncated, gamma, time_dim: as :func:`gae`.
+        terminated, truncated, gamma, time_dim: as [`gae`][].
         lmbda, c_bar: trace factor and ratio clip (floats or tensors, read at t+1).
-        out: optional tensor to write Q^ret into (returned as is): as :func:`gae`'s
+        out: optional tensor to write Q^ret into (returned as is): as [`gae`][]'s
             ``out``, one tensor.
 
-    Example::
-
+    Examples:
         >>> import torch
         >>> from rl_triton_core import retrace
         >>> q = torch.zeros(3); e = torch.zeros(3); term = torch.tensor([False, False, True])
@@ -277,7 +280,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
                          next_target_probs=None, bootstrap_q_values=None,
                          bootstrap_target_probs=None, gamma=0.99, lmbda=1.0, c_bar=1.0,
                          time_dim, out=None):
-    r"""Retrace(lambda) from per-action tensors: the convenience form of :func:`retrace`.
+    r"""Retrace(lambda) from per-action tensors: the convenience form of [`retrace`][].
 
     Builds, before the scan (on CUDA one Triton pass over the per-action tensors, so
     any number of actions A runs at memory speed; torch ops on the CPU path):
@@ -299,7 +302,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
             indexes the per-step shape ``[..., T]`` (the action axis is last).
         actions: ``[..., T]`` integer actions in [0, A). behaviour_log_probs: log mu(a_t|s_t).
         rewards, terminated, truncated: ``[..., T]``.
-        out: optional ``[..., T]`` tensor to write the targets into: as :func:`retrace`'s.
+        out: optional ``[..., T]`` tensor to write the targets into: as [`retrace`][]'s.
 
     A behaviour probability of 0 gives log rho = +inf: the ratio is clipped at
     ``c_bar`` (a finite trace). Out-of-range actions raise on CPU; on CUDA they give
@@ -308,8 +311,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
     ops on CUDA too (there torch.gather's device assert trips). Negative probabilities
     are not checked.
 
-    Example::
-
+    Examples:
         >>> import torch
         >>> from rl_triton_core import retrace_from_actions
         >>> q = torch.zeros(3, 2); p = torch.full((3, 2), 0.5); a = torch.tensor([0, 1, 0])
@@ -455,10 +457,10 @@ def _action_pieces(q_values, target_probs, actions, behaviour_log_probs, next_q_
 def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim, out=None):
     r"""Accumulating eligibility traces (Sutton & Barto 2018, sec. 12.2), forward in time.
 
-    .. math::
-
+    $$
         z_t = x_t + \gamma_{t-1} \lambda_{t-1} (1 - \mathrm{done}_{t-1}) z_{t-1},
         \quad z_{-1} = \mathrm{init}, \; \mathrm{done}_{-1} = 0
+    $$
 
     The decay of z_{t-1} is that of the transition out of step t-1 (a per-step
     gamma/lmbda tensor is read at t-1; at t = 0 it is read at 0).
@@ -470,12 +472,11 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim, 
         gamma, lmbda: floats in [0, 1] or tensors broadcastable to that shape (x's
             without the feature axes, whatever done's own shape) or to x's (per feature).
         init: optional z_{-1}, x's shape without the time axis.
-        time_dim: the time axis, indexing ``x`` (required, as in :func:`gae`).
+        time_dim: the time axis, indexing ``x`` (required, as in [`gae`][]).
         out: optional tensor of x's shape to write z into (returned as is): as
-            :func:`gae`'s ``out``, one tensor.
+            [`gae`][]'s ``out``, one tensor.
 
-    Example::
-
+    Examples:
         >>> import torch
         >>> from rl_triton_core import eligibility_traces
         >>> x = torch.ones(4); done = torch.tensor([False, True, False, False])
@@ -488,17 +489,16 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim, 
 def episodic_cumsum(x, done, *, init=None, time_dim, out=None):
     r"""Running sum within episodes (episode return or length so far), forward in time.
 
-    .. math::
-
+    $$
         C_t = x_t + (1 - \mathrm{done}_{t-1}) C_{t-1}, \quad C_{-1} = \mathrm{init}
+    $$
 
     Args:
-        x, done, init, time_dim: as :func:`eligibility_traces`.
+        x, done, init, time_dim: as [`eligibility_traces`][].
         out: optional tensor of x's shape to write C into (returned as is): as
-            :func:`gae`'s ``out``, one tensor.
+            [`gae`][]'s ``out``, one tensor.
 
-    Example::
-
+    Examples:
         >>> import torch
         >>> from rl_triton_core import episodic_cumsum
         >>> episodic_cumsum(torch.ones(5), torch.tensor([0, 0, 1, 0, 0]), time_dim=-1)
@@ -510,11 +510,11 @@ def episodic_cumsum(x, done, *, init=None, time_dim, out=None):
 def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim, out=None):
     r"""The primitive: a first-order linear recurrence along ``time_dim``.
 
-    .. math::
-
+    $$
         \text{reverse:}\; h_t = \alpha_t + \beta_t h_{t+1}, \; h_T = \mathrm{init}
         \qquad
         \text{forward:}\; h_t = \alpha_t + \beta_t h_{t-1}, \; h_{-1} = \mathrm{init}
+    $$
 
     ``init`` defaults to 0 and has alpha's shape without the time axis; ``beta``
     broadcasts to alpha. (alpha, beta) pairs compose associatively, which is
@@ -525,12 +525,11 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim, out=Non
         beta: broadcastable to alpha.
         reverse: True for the backward-in-time recurrence, False for the forward one.
         init: optional h_T (reverse) or h_{-1} (forward), alpha's shape without time.
-        time_dim: the time axis (required, as in :func:`gae`).
+        time_dim: the time axis (required, as in [`gae`][]).
         out: optional tensor of alpha's shape to write h into (returned as is): as
-            :func:`gae`'s ``out``, one tensor.
+            [`gae`][]'s ``out``, one tensor.
 
-    Example::
-
+    Examples:
         >>> import torch
         >>> from rl_triton_core import linear_recurrence
         >>> linear_recurrence(torch.ones(3), torch.full((3,), 0.5), time_dim=-1)

@@ -68,7 +68,7 @@ def group_sizes(group: torch.Tensor, *, num_groups: int | None = None) -> torch.
     ``group`` is a ``[B]`` integer tensor of ids in ``[0, num_groups)`` (default ``B``).
     No host synchronisation.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from rl_triton_core.groups import group_sizes
         >>> group_sizes(torch.tensor([0, 0, 1, 2, 2, 2]))
@@ -86,7 +86,7 @@ def group_advantages(scores: torch.Tensor, group: torch.Tensor, *, method: str =
                      eps: float = 1e-6, num_groups: int | None = None) -> torch.Tensor:
     """Outcome advantages of ``scores`` against their prompt group's baseline.
 
-    With ``n_g``, ``mean_g`` and the unbiased ``std_g`` of the scores of group ``g``::
+    With ``n_g``, ``mean_g`` and the unbiased ``std_g`` of the scores of group ``g``:
 
         "grpo"       (s_i - mean_g) / (std_g + eps)            n_g == 1: mean 0, std 1
         "grpo_mean"  s_i - mean_g   (Dr. GRPO)                 n_g == 1: s_i
@@ -107,10 +107,10 @@ def group_advantages(scores: torch.Tensor, group: torch.Tensor, *, method: str =
             ``B``.
 
     Returns:
-        ``[B]`` advantages, a new tensor in the scores' dtype and device
+        Tensor: ``[B]`` advantages, a new tensor in the scores' dtype and device
         (differentiable in ``scores`` through plain torch ops).
 
-    Example:
+    Examples:
         >>> import torch, rl_triton_core as rc
         >>> scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 3.0])
         >>> group = torch.tensor([0, 0, 0, 1, 1, 2])

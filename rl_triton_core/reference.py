@@ -17,9 +17,9 @@ Conventions (see ``semantics.md``):
 * ``gamma``, ``lmbda`` and the clip thresholds are numbers or tensors broadcastable to
   the data; the backward estimators use the values at step t in step t's formula;
 * cuts (``semantics.md``, non-finite values): a term a flag switches off is a select,
-  ``where(flag, 0, x)`` (:func:`_cut`), never ``(1 - flag) * x``, and each step of a
+  ``where(flag, 0, x)`` (``_cut``), never ``(1 - flag) * x``, and each step of a
   recurrence is ``h = alpha + beta h'`` with the carry dropped where beta is 0
-  (:func:`_carry`), so a NaN or inf behind a done flag (or a zero beta) stays there.
+  (``_carry``), so a NaN or inf behind a done flag (or a zero beta) stays there.
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=
 
     The trace of step t uses the ratio (and lmbda, c_bar) of step t+1; c_T is never
     needed because D_T = 0. ``expected_next_q`` is E_t (see
-    :func:`expected_next_q_from_actions`).
+    ``expected_next_q_from_actions``).
     """
     r, q, e, not_term, not_done, g, shape, pos = _backward_inputs(
         rewards, q_values, terminated, truncated, expected_next_q, None, gamma, time_dim,

@@ -9,9 +9,9 @@ observation (tool output) tokens. Rewards and values may have any float dtype
 outputs have the promoted dtype of rewards and values. Nothing here synchronises the
 host: an empty mask under whitening gives NaN where verl raises.
 
-CUDA tensors run the Triton kernels of :mod:`rl_triton_core._token_kernel`; CPU
+CUDA tensors run the Triton kernels of ``rl_triton_core._token_kernel``; CPU
 tensors the C kernel ``rl_triton_core._ctoken`` where it was built, else (or with
-``RL_TRITON_CORE_CPU_KERNEL=numba``) the numba loops of :mod:`rl_triton_core._token_cpu`,
+``RL_TRITON_CORE_CPU_KERNEL=numba``) the numba loops of ``rl_triton_core._token_cpu``,
 bit for bit the same results (``RL_TRITON_CORE_BACKEND`` chooses as for every estimator).
 """
 
@@ -35,7 +35,7 @@ def masked_gae(rewards, values, mask, *, gamma=1.0, lmbda=1.0, skip=True, whiten
     """Token-level GAE with a response mask; optionally whitened over the valid tokens.
 
     ``skip=True`` is verl's ``compute_gae_advantage_return``: masked tokens change
-    nothing, the advantage and the next value are carried across them::
+    nothing, the advantage and the next value are carried across them:
 
         nv_t    = mask_t V_t + (1 - mask_t) nv_{t+1},                nv_T = 0
         delta_t = r_t + gamma nv_{t+1} - V_t
@@ -47,7 +47,7 @@ def masked_gae(rewards, values, mask, *, gamma=1.0, lmbda=1.0, skip=True, whiten
     ``skip=False``), before any whitening.
 
     ``whiten=True`` whitens the advantages over the valid tokens of the whole batch,
-    as :func:`masked_whiten` does with the same ``count_eps``, ``eps`` and
+    as [`masked_whiten`][] does with the same ``count_eps``, ``eps`` and
     ``unbiased``, fused into the scan (verl: ``count_eps=1e-8``). ``fill`` (a number)
     is written at masked tokens of the advantages, after whitening (TRL: 0).
 
@@ -59,9 +59,9 @@ def masked_gae(rewards, values, mask, *, gamma=1.0, lmbda=1.0, skip=True, whiten
         time_dim: the token axis (-1 for the frameworks' ``[batch, response_len]``).
 
     Returns:
-        ``(advantages, returns)``, new tensors of the data's shape.
+        tuple[Tensor, Tensor]: ``(advantages, returns)``, new tensors of the data's shape.
 
-    Example:
+    Examples:
         >>> import torch, rl_triton_core as rc
         >>> r = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
         >>> v = torch.tensor([[0.5, 0.6, 0.7, 0.0]])
@@ -83,9 +83,9 @@ def masked_returns(rewards, mask, *, gamma=1.0, skip=True, cu_seqlens=None, time
     ones, ``R_t = r_t + gamma R_{next valid token}``. ``skip=False`` is OpenRLHF's
     ``get_cumulative_returns``: ``R_t = mask_t r_t + gamma R_{t+1}``, ``R_T = 0``.
 
-    Shapes and arguments as :func:`masked_gae`.
+    Shapes and arguments as [`masked_gae`][].
 
-    Example:
+    Examples:
         >>> import torch, rl_triton_core as rc
         >>> r = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
         >>> mask = torch.tensor([[1, 0, 1, 0]])
@@ -99,7 +99,7 @@ def masked_returns(rewards, mask, *, gamma=1.0, skip=True, cu_seqlens=None, time
 
 def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_eps=0.0,
                   fill=None):
-    """Whiten ``x`` with the mean and variance of its valid entries (all of them, every row)::
+    """Whiten ``x`` with the mean and variance of its valid entries (all of them, every row):
 
         n = sum(mask),  mean = sum(mask x) / (n + count_eps)
         var = sum(mask (x - mean)^2) / (n + count_eps) * (n / (n - 1) if unbiased)
@@ -115,9 +115,9 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_ep
         mask: same shape, bool/int/float; nonzero marks a valid entry.
 
     Returns:
-        a new tensor like ``x``.
+        Tensor: a new tensor like ``x``.
 
-    Example:
+    Examples:
         >>> import torch, rl_triton_core as rc
         >>> x = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
         >>> rc.masked_whiten(x, torch.tensor([[1, 1, 1, 0]]), fill=0.0)
