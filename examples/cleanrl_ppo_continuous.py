@@ -3,9 +3,9 @@
 # Adapted from CleanRL's ppo_continuous_action.py (https://github.com/vwxyzjn/cleanrl, MIT
 # license); see docs/cleanrl.md for the one-line switch and the flag mapping.
 #
-#   python examples/cleanrl_ppo_continuous.py                     # kernel GAE, truncation-correct
-#   python examples/cleanrl_ppo_continuous.py --gae-backend loop  # CleanRL's own Python loop
-#   python examples/cleanrl_ppo_continuous.py --no-bootstrap-truncated  # CleanRL's semantics
+#   python examples/cleanrl_ppo_continuous.py                             # rl_triton_core GAE
+#   python examples/cleanrl_ppo_continuous.py --gae-backend cleanrl-loop  # CleanRL's loop
+#   python examples/cleanrl_ppo_continuous.py --no-bootstrap-truncated    # CleanRL's semantics
 #
 # Truncation. gymnasium returns `terminated` (a terminal state: no value beyond it) and
 # `truncated` (a time limit cut the episode: the state after it still has a value). CleanRL
@@ -25,8 +25,17 @@
 #     V'_t = V(true successor of obs[t]) = values[t + 1] (next_value at t = T-1),
 #            or V(final_obs) if truncated_t.
 # rl_triton_cleanrl.compute_gae does exactly this re-alignment and calls the kernel.
+#
+# Output. Three lines per iteration (progress; losses; the GAE time), then a summary. The
+# GAE time is per call, synchronised on CUDA. The first call is shown apart, as it pays
+# one-time costs (on CUDA, Triton compiles the kernel or loads it from its cache; on either
+# device, the first call takes the fully checked path and records the cached launch that
+# later calls replay), then the median of the calls after it; gae_time_share is the share
+# of the wall time so far that all GAE calls took.
+# gae_ran_on says what computed GAE (see gae_runner below).
 import os
 import random
+import statistics
 import sys
 import time
 from collections import deque
@@ -95,9 +104,10 @@ class Args:
     """the target KL divergence threshold"""
 
     # rl_triton_core arguments
-    gae_backend: Literal["triton", "loop"] = "triton"
-    """`triton`: one rl_triton_core call (the Triton kernel on CUDA, the numba CPU path on
-    CPU; the run prints which as gae_ran_on); `loop`: CleanRL's original Python loop"""
+    gae_backend: Literal["rl-triton-core", "cleanrl-loop"] = "rl-triton-core"
+    """`rl-triton-core`: one rl_triton_core call (a Triton kernel on CUDA; on the CPU the C
+    scan kernel built at install, or numba without it; the run prints which as gae_ran_on);
+    `cleanrl-loop`: CleanRL's original Python loop over the time steps"""
     bootstrap_truncated: bool = True
     """bootstrap the advantage of time-limit truncations from V(final observation);
     `--no-bootstrap-truncated` reproduces CleanRL, which treats every episode end as terminal"""
@@ -112,6 +122,32 @@ class Args:
     """batch_size // num_minibatches"""
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // batch_size"""
+
+
+def gae_runner(device: torch.device, gae_backend: str) -> str:
+    """What computes GAE: CleanRL's loop, or what rl_triton_core runs for tensors on
+    ``device`` (``backend_for``: "triton", "interpreter", or "numba" for its CPU path, which
+    runs GAE on the C kernel built at install where there is one)."""
+    if gae_backend == "cleanrl-loop":
+        return "cleanrl-loop"
+    backend = rl_triton_core.backend_for(device)
+    if backend == "numba":
+        try:
+            from rl_triton_core import _cpu_c
+
+            return "c-kernel-cpu" if _cpu_c.enabled() else "numba-cpu"
+        except (ImportError, AttributeError):
+            return "cpu-path"
+    return {"triton": "triton-cuda", "interpreter": "triton-interpreter"}.get(backend, backend)
+
+
+def gae_times(seconds: list) -> str:
+    """The per-call GAE times: the first call apart, then the median of the calls after it."""
+    text = f"gae_first_ms={1e3 * seconds[0]:.3f}"
+    if len(seconds) > 1:
+        text += f" gae_median_ms={1e3 * statistics.median(seconds[1:]):.3f}"
+        text += f" (calls 2-{len(seconds)})" if len(seconds) > 2 else " (call 2)"
+    return text
 
 
 def make_env(env_id, gamma):
@@ -174,9 +210,7 @@ def main(argv=None):
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    print(
-        f"{run_name}: gae_backend={args.gae_backend} bootstrap_truncated={args.bootstrap_truncated}"
-    )
+    print(f"{run_name}: bootstrap_truncated={args.bootstrap_truncated}")
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -187,9 +221,7 @@ def main(argv=None):
         torch.set_num_threads(args.num_threads)
 
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # what computes GAE: this project's backend for the device (Triton kernel, numba CPU
-    # path or, with TRITON_INTERPRET=1, Triton's interpreter), or CleanRL's loop
-    gae_ran_on = rl_triton_core.backend_for(device) if args.gae_backend == "triton" else "loop"
+    gae_ran_on = gae_runner(device, args.gae_backend)
     print(f"device={device} gae_backend={args.gae_backend} gae_ran_on={gae_ran_on}", flush=True)
 
     # env setup: reset in the same step, so that infos["final_obs"] holds the true final
@@ -217,19 +249,10 @@ def main(argv=None):
     truncations = torch.zeros((args.num_steps, args.num_envs)).to(device)
     final_values = torch.zeros((args.num_steps, args.num_envs)).to(device)
 
-    # compile the GAE kernel (Triton on CUDA, numba on CPU) before the clock starts
-    if args.gae_backend == "triton":
-        truncation = (
-            dict(terminations=terminations, next_values=values) if args.bootstrap_truncated else {}
-        )
-        compute_gae(
-            rewards, values, dones, values[0], dones[0], args.gamma, args.gae_lambda, **truncation
-        )
-
     # TRY NOT TO MODIFY: start the game
     global_step = 0
     start_time = time.time()
-    gae_time = 0.0
+    gae_seconds = []  # one entry per GAE call (one call per iteration)
     recent_returns = deque(maxlen=20)
     solved = False
     next_obs, _ = envs.reset(seed=args.seed)
@@ -289,7 +312,7 @@ def main(argv=None):
                 # where the next slot holds the reset observation
                 next_values = torch.cat((values[1:], next_value))
                 next_values = torch.where(truncations.bool(), final_values, next_values)
-            if args.gae_backend == "triton":
+            if args.gae_backend == "rl-triton-core":
                 if args.bootstrap_truncated:
                     advantages, returns = compute_gae(
                         rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda,
@@ -323,7 +346,7 @@ def main(argv=None):
                 returns = advantages + values
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            gae_time += time.perf_counter() - gae_start
+            gae_seconds.append(time.perf_counter() - gae_start)
 
         # flatten the batch
         b_obs = obs.reshape((-1,) + obs_shape)
@@ -400,12 +423,16 @@ def main(argv=None):
         print(
             f"iteration={iteration} global_step={global_step} episodic_return={mean_return:.1f} "
             f"(mean of last {len(recent_returns)}, {num_episodes} new) "
-            f"value_loss={v_loss.item():.3f} explained_var={explained_var:.2f} "
-            f"approx_kl={approx_kl.item():.4f} clipfrac={np.mean(clipfracs):.3f} "
-            f"SPS={int(global_step / elapsed)} gae_ms={1e3 * gae_time / iteration:.2f} "
-            f"gae_time_share={gae_time / elapsed:.2%}",
+            f"SPS={int(global_step / elapsed)}",
             flush=True,
         )
+        print(
+            f"  value_loss={v_loss.item():.4g} explained_var={explained_var:.2f} "
+            f"approx_kl={approx_kl.item():.4f} clipfrac={np.mean(clipfracs):.3f}",
+            flush=True,
+        )
+        print(f"  {gae_times(gae_seconds)} gae_time_share={sum(gae_seconds) / elapsed:.2%}",
+              flush=True)
         if args.target_return is not None and len(recent_returns) == recent_returns.maxlen:
             if mean_return >= args.target_return:
                 solved = True
@@ -414,15 +441,17 @@ def main(argv=None):
     envs.close()
     elapsed = time.time() - start_time
     mean_return = np.mean(recent_returns) if recent_returns else float("nan")
+    gae_time = sum(gae_seconds)
     print(
         f"finished: global_step={global_step} wall_time={elapsed:.1f}s "
-        f"SPS={int(global_step / elapsed)} gae_backend={args.gae_backend} "
-        f"gae_ran_on={gae_ran_on} "
-        f"gae_time={gae_time:.3f}s gae_time_share={gae_time / elapsed:.2%} "
-        f"final_mean_return={mean_return:.1f}"
+        f"SPS={int(global_step / elapsed)} final_mean_return={mean_return:.1f}"
         + (f" solved={solved}" if args.target_return is not None else ""),
         flush=True,
     )
+    print(f"gae_backend={args.gae_backend} gae_ran_on={gae_ran_on} gae_time={gae_time:.3f}s "
+          f"gae_time_share={gae_time / elapsed:.2%}", flush=True)
+    if gae_seconds:
+        print(gae_times(gae_seconds), flush=True)
     if args.target_return is not None and not solved:
         sys.exit(f"did not reach a mean return of {args.target_return} in {global_step} steps")
     return agent

@@ -5,11 +5,14 @@
     python examples/rllib_ppo.py --iterations 20 --train-batch-size 100000
     python examples/rllib_ppo.py --num-gpus-per-learner 1  # the learner (and GAE) on CUDA
 
-Prints, per training iteration, the mean episode return and the wall time of the
-learner connector's GAE piece (stock or Triton; value-function forward pass included)
-in that iteration, measured by a stopwatch wrapped around the piece in every learner.
-(RLlib's own connector timers are moving averages that the first call, with its JIT
-compilation, dominates for many iterations.)
+Prints what computes GAE (``gae_ran_on``: RLlib's NumPy code, or what rl_triton_core
+runs on the learner's device), then, per training iteration, the mean episode return
+and the time per call of the learner connector's GAE piece (stock or rl_triton_core;
+the value-function forward pass included), measured by a stopwatch wrapped around the
+piece in every learner; the slowest learner's is shown. The first call is shown apart
+(it pays one-time costs: on CUDA, Triton compiling its kernel), and the summary gives
+the median of the calls after it. (RLlib's own connector timers are moving averages,
+which a slow first call dominates for many iterations.)
 
 The one line that matters is ``rl_triton_rllib.enable(config)``. Needs the project
 with its ``[rllib]`` extra installed (``pip install -e .[rllib]``).
@@ -18,37 +21,51 @@ with its ``[rllib]`` extra installed (``pip install -e .[rllib]``).
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from dataclasses import dataclass
 
 
 @dataclass
 class Args:
-    rl_triton: bool = True  # GAE on the rl_triton_core kernels
-    iterations: int = 12  # training iterations
-    train_batch_size: int = 4000  # env steps per learner update
+    rl_triton: bool = True
+    iterations: int = 12
+    train_batch_size: int = 4000
     minibatch_size: int = 128
     num_epochs: int = 6
-    num_env_runners: int = 0  # 0: sample in the driver process
-    num_learners: int = 0  # 0: learn in the driver process; >= 1: remote learner actors
-    num_gpus_per_learner: int = 0  # 1: each learner (the local one too) on a CUDA GPU
-    num_cpus: int = 2  # for ray.init
+    num_env_runners: int = 0
+    num_learners: int = 0
+    num_gpus_per_learner: int = 0
+    num_cpus: int = 2
     seed: int = 0
+
+
+HELP = {
+    "rl_triton": "GAE in rl_triton_core (rl_triton_rllib.enable); --no-rl-triton: RLlib's "
+                 "own NumPy GAE",
+    "iterations": "training iterations (algo.train() calls)",
+    "train_batch_size": "env steps per learner update",
+    "minibatch_size": "env steps per gradient step",
+    "num_epochs": "passes over each train batch",
+    "num_env_runners": "remote env runners (0: sample in the driver process)",
+    "num_learners": "remote learner actors (0: learn in the driver process)",
+    "num_gpus_per_learner": "1: each learner (the local one too) on a CUDA GPU",
+    "num_cpus": "CPUs for ray.init",
+    "seed": "RLlib's seed (.debugging(seed=...))",
+}
 
 
 def parse_args() -> Args:
     defaults = Args()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rl-triton", action=argparse.BooleanOptionalAction,
-                        default=defaults.rl_triton)
     for name, value in vars(defaults).items():
-        if name != "rl_triton":
-            flag = "--" + name.replace("_", "-")
-            if isinstance(value, bool):
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction,
-                                    default=value)
-            else:
-                parser.add_argument(flag, type=type(value), default=value)
+        flag = "--" + name.replace("_", "-")
+        text = HELP[name] + " (default: %(default)s)"
+        if isinstance(value, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value,
+                                help=text)
+        else:
+            parser.add_argument(flag, type=type(value), default=value, help=text)
     return Args(**vars(parser.parse_args()))
 
 
@@ -89,12 +106,29 @@ def pop_gae_seconds(learner) -> list:
     return seconds
 
 
+def gae_runner(device: str, rl_triton: bool) -> str:
+    """What computes GAE: RLlib's NumPy code, or what rl_triton_core runs for tensors on
+    ``device`` (``backend_for``: "triton", "interpreter", or "numba" for its CPU path, which
+    runs GAE on the C kernel built at install where there is one)."""
+    import rl_triton_core
+
+    if not rl_triton:
+        return "rllib-numpy"
+    backend = rl_triton_core.backend_for(device)
+    if backend == "numba":
+        try:
+            from rl_triton_core import _cpu_c
+
+            return "c-kernel-cpu" if _cpu_c.enabled() else "numba-cpu"
+        except (ImportError, AttributeError):
+            return "cpu-path"
+    return {"triton": "triton-cuda", "interpreter": "triton-interpreter"}.get(backend, backend)
+
+
 def main(args: Args) -> None:
     import ray
     import rl_triton_rllib
     from ray.rllib.algorithms.ppo import PPOConfig
-
-    import rl_triton_core
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     config = (
@@ -119,12 +153,15 @@ def main(args: Args) -> None:
     algo = config.build_algo()
     algo.learner_group.foreach_learner(add_gae_stopwatch)
     learner_device = "cuda" if args.num_gpus_per_learner else "cpu"
-    ran_on = rl_triton_core.backend_for(learner_device) if args.rl_triton else "rllib"
-    print(f"rl_triton={args.rl_triton}  gae_ran_on={ran_on}  "
-          f"learner={config.learner_class.__name__}  "
-          f"train_batch_size={args.train_batch_size}  "
+    ran_on = gae_runner(learner_device, args.rl_triton)
+    print(f"rl_triton={args.rl_triton} gae_ran_on={ran_on} "
+          f"learner={config.learner_class.__name__}")
+    print(f"train_batch_size={args.train_batch_size} "
           f"num_gpus_per_learner={args.num_gpus_per_learner}")
-    print(f"{'iter':>4} {'return':>8} {'gae_ms':>9} {'iter_s':>7}")
+    print("gae_ms_per_call: the GAE piece's mean time per call in the iteration (the slowest")
+    print("learner's); iteration 1's first call pays one-time costs; medians at the end")
+    print(f"{'iter':>4} {'return':>8} {'calls':>6} {'gae_ms_per_call':>16} {'iter_s':>7}")
+    seconds = []  # every GAE call of the slowest learner, in order
     for i in range(1, args.iterations + 1):
         t0 = time.perf_counter()
         result = algo.train()
@@ -132,8 +169,15 @@ def main(args: Args) -> None:
         ret = result["env_runners"].get("episode_return_mean", float("nan"))
         # per learner: the GAE piece's calls in this iteration (one per update)
         per_learner = [r.get() for r in algo.learner_group.foreach_learner(pop_gae_seconds)]
-        gae_ms = 1e3 * max(sum(s) for s in per_learner)
-        print(f"{i:>4} {ret:>8.1f} {gae_ms:>9.2f} {elapsed:>7.1f}", flush=True)
+        calls = max(per_learner, key=sum)
+        seconds += calls
+        per_call = 1e3 * sum(calls) / len(calls) if calls else float("nan")
+        print(f"{i:>4} {ret:>8.1f} {len(calls):>6} {per_call:>16.3f} {elapsed:>7.1f}",
+              flush=True)
+    if seconds:
+        later = (f", then a median of {1e3 * statistics.median(seconds[1:]):.3f} ms over calls "
+                 f"2-{len(seconds)}" if len(seconds) > 1 else "")
+        print(f"gae ({ran_on}): first call {1e3 * seconds[0]:.3f} ms{later}")
     algo.stop()
     ray.shutdown()
 

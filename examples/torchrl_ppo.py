@@ -3,21 +3,22 @@
 TorchRL's PPO recipe (collector, GAE module, ``ClipPPOLoss``, replay buffer of
 minibatches) in one file. ``--estimator`` picks the advantage module:
 
-* ``torchrl``: ``torchrl.objectives.value.GAE``;
-* ``triton``:  ``rl_triton_torchrl.GAE``, the same module with the recursion run
-  by ``rl_triton_core`` (the Triton kernel on CUDA, the compiled CPU path on CPU).
+* ``torchrl``: ``torchrl.objectives.value.GAE``, the recursion in TorchRL's torch ops;
+* ``rl-triton-core``: ``rl_triton_torchrl.GAE``, the same module with the recursion
+  run by ``rl_triton_core`` (a Triton kernel on CUDA; on the CPU the C scan kernel
+  built at install, or numba without it). The first line says which ran.
 
 Nothing else differs, so both settings learn the same way (up to float
 rounding). Every iteration prints the frames seen, the mean return of the last
-20 episodes, and the time spent in advantage estimation: the whole GAE module call
-(value network included), and the recursion alone (the same estimator class
-without a value network, timed on the values the first call wrote). The first
-call pays one-time costs (JIT compilation, vmap setup) and is reported apart.
-Example::
+20 episodes, and the median time per call of advantage estimation: the whole GAE
+module call (value network included), and the recursion alone (the same estimator
+class without a value network, timed on the values the module call wrote). The
+first call of each pays one-time costs (on CUDA, Triton compiling its kernel;
+TorchRL's vmap setup) and is reported apart, after the first iteration. Example::
 
-    python examples/torchrl_ppo.py --estimator triton
+    python examples/torchrl_ppo.py --estimator rl-triton-core
     python examples/torchrl_ppo.py --estimator torchrl
-    python examples/torchrl_ppo.py --estimator triton --device cuda
+    python examples/torchrl_ppo.py --estimator rl-triton-core --device cuda
 
 With the defaults both settings reach a mean return of 475 in about 170
 iterations (170k frames), a few minutes on a laptop CPU (docs/torchrl.md).
@@ -30,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -48,17 +51,19 @@ from torchrl.objectives import ClipPPOLoss
 
 import rl_triton_core
 
+ESTIMATORS = ("rl-triton-core", "torchrl")
+
 
 @dataclass
 class Args:
-    estimator: str = "triton"  # "torchrl" or "triton"
+    estimator: str = "rl-triton-core"
     env_id: str = "CartPole-v1"
-    num_envs: int = 8  # one gymnasium SyncVectorEnv (subprocess-free, fast on few cores)
+    num_envs: int = 8
     frames_per_batch: int = 1024
     total_frames: int = 300_000
     num_epochs: int = 4
     minibatch_size: int = 128
-    lr: float = 2.5e-4  # annealed linearly to 0 over total_frames
+    lr: float = 2.5e-4
     gamma: float = 0.99
     lmbda: float = 0.95
     clip_epsilon: float = 0.2
@@ -68,17 +73,44 @@ class Args:
     hidden: int = 64
     seed: int = 0
     device: str = "cpu"
-    threads: int = 1  # torch CPU threads: networks this small run fastest on one
-    target_return: float = 475.0  # stop once the mean return of 20 episodes reaches it (0: never)
+    threads: int = 1
+    target_return: float = 475.0
+
+
+HELP = {
+    "estimator": "the GAE module: rl-triton-core (rl_triton_torchrl.GAE, the recursion in "
+                 "rl_triton_core) or torchrl (torchrl.objectives.value.GAE)",
+    "env_id": "the gymnasium environment",
+    "num_envs": "environments in one gymnasium SyncVectorEnv (no subprocesses: fast on few "
+                "cores)",
+    "frames_per_batch": "frames collected per iteration (over all environments)",
+    "total_frames": "frames to collect in all (the run stops earlier at --target-return)",
+    "num_epochs": "passes over each batch (GAE is recomputed at the start of each)",
+    "minibatch_size": "frames per gradient step",
+    "lr": "Adam's learning rate, annealed linearly to 0 over --total-frames",
+    "gamma": "the discount factor",
+    "lmbda": "GAE's lambda",
+    "clip_epsilon": "PPO's clipping range of the probability ratio",
+    "entropy_coeff": "weight of the entropy bonus",
+    "critic_coeff": "weight of the value loss",
+    "max_grad_norm": "gradient-norm clipping threshold",
+    "hidden": "units in each of the two hidden layers of the actor and the critic",
+    "seed": "seed of torch and the environments",
+    "device": "cpu or cuda (without a CUDA GPU, cuda falls back to the CPU with a message)",
+    "threads": "torch CPU threads (networks this small run fastest on one)",
+    "target_return": "stop once the mean return of the last 20 episodes reaches this "
+                     "(0: never)",
+}
 
 
 def parse_args() -> Args:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for field in dataclasses.fields(Args):
         flag = "--" + field.name.replace("_", "-")
-        kwargs = {"type": type(field.default), "default": field.default}
+        kwargs = {"type": type(field.default), "default": field.default,
+                  "help": HELP[field.name] + " (default: %(default)s)"}
         if field.name == "estimator":
-            kwargs["choices"] = ["torchrl", "triton"]
+            kwargs["choices"] = ESTIMATORS
         parser.add_argument(flag, **kwargs)
     return Args(**vars(parser.parse_args()))
 
@@ -120,19 +152,40 @@ def make_modules(env, args: Args):
 
 
 def make_advantage_module(critic, args: Args):
-    if args.estimator == "triton":
+    if args.estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {args.estimator!r}")
+    if args.estimator == "rl-triton-core":
         from rl_triton_torchrl import GAE
     else:
         from torchrl.objectives.value import GAE
     return GAE(gamma=args.gamma, lmbda=args.lmbda, value_network=critic, average_gae=False)
 
 
+def gae_runner(device: torch.device, estimator: str) -> str:
+    """What runs the GAE recursion: TorchRL's torch ops, or what rl_triton_core runs for
+    tensors on ``device`` (``backend_for``: "triton", "interpreter", or "numba" for its CPU
+    path, which runs GAE on the C kernel built at install where there is one)."""
+    if estimator == "torchrl":
+        return "torchrl"
+    backend = rl_triton_core.backend_for(device)
+    if backend == "numba":
+        try:
+            from rl_triton_core import _cpu_c
+
+            return "c-kernel-cpu" if _cpu_c.enabled() else "numba-cpu"
+        except (ImportError, AttributeError):
+            return "cpu-path"
+    return {"triton": "triton-cuda", "interpreter": "triton-interpreter"}.get(backend, backend)
+
+
 class Stopwatch:
-    """Mean seconds per call, the first call (one-time costs: JIT, vmap setup) kept apart."""
+    """Seconds per call (synchronised on CUDA): the first call, which pays one-time costs
+    (on CUDA, Triton compiling its kernel; TorchRL's vmap setup), apart from the median of
+    the calls after it."""
 
     def __init__(self, device: torch.device):
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self.first, self.total, self.calls = None, 0.0, 0
+        self.first, self.later = None, []
 
     def __call__(self, fn, *args):
         self.sync()
@@ -143,12 +196,13 @@ class Stopwatch:
         if self.first is None:
             self.first = dt
         else:
-            self.total, self.calls = self.total + dt, self.calls + 1
+            self.later.append(dt)
         return out
 
     @property
     def ms(self) -> float:
-        return 1e3 * self.total / max(self.calls, 1)
+        """The median of the calls after the first, in milliseconds (nan before a second)."""
+        return 1e3 * statistics.median(self.later) if self.later else float("nan")
 
 
 # TorchRL's default (nested TransformedEnvs unwrapped), stated, so it does not warn
@@ -158,6 +212,7 @@ def main(args: Args) -> dict:
         print(f"--device {args.device}: no CUDA GPU here, running on the CPU instead",
               file=sys.stderr, flush=True)
         args = dataclasses.replace(args, device="cpu")
+    logging.getLogger("torchrl").setLevel(logging.WARNING)  # TorchRL's set-up notes, at INFO
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -181,10 +236,14 @@ def main(args: Args) -> dict:
                           batch_size=args.minibatch_size)
     module_clock, recursion_clock = Stopwatch(device), Stopwatch(device)
 
-    ran_on = "torchrl" if args.estimator != "triton" else rl_triton_core.backend_for(device)
-    print(f"PPO on {args.env_id}, {args.num_envs} envs, advantage module: "
-          f"{type(advantage).__module__}.{type(advantage).__name__}, device {device}, "
-          f"gae_ran_on={ran_on}")
+    ran_on = gae_runner(device, args.estimator)
+    print(f"PPO on {args.env_id}, {args.num_envs} envs, device {device}")
+    print(f"estimator={args.estimator} gae_ran_on={ran_on} "
+          f"({type(advantage).__module__.split('.')[0]}.{type(advantage).__name__})")
+    print("GAE times, ms per call: the median after the first call, of the GAE module (the\n"
+          "critic included) and of the recursion alone; first calls shown after iteration 1")
+    print(f"{'iter':>5} {'frames':>8} {'return':>7} {'gae_module_ms':>14} "
+          f"{'recursion_ms':>13} {'elapsed_s':>10}")
     frames, recent = 0, []
     start = time.perf_counter()
     iteration = 0
@@ -208,25 +267,31 @@ def main(args: Args) -> dict:
                 optim.step()
         collector.update_policy_weights_()
         mean_return = sum(recent) / max(len(recent), 1)
-        print(f"iter {iteration:4d}  frames {frames:7d}  return(last 20 ep) {mean_return:6.1f}  "
-              f"GAE module {module_clock.ms:6.2f} ms/call (recursion {recursion_clock.ms:6.2f})  "
-              f"elapsed {time.perf_counter() - start:6.1f} s", flush=True)
+        print(f"{iteration:>5} {frames:>8} {mean_return:>7.1f} {module_clock.ms:>14.3f} "
+              f"{recursion_clock.ms:>13.3f} {time.perf_counter() - start:>10.1f}", flush=True)
+        if iteration == 1:
+            print(f"      first calls: GAE module {1e3 * module_clock.first:.3f} ms, recursion "
+                  f"{1e3 * recursion_clock.first:.3f} ms (one-time costs included)", flush=True)
         if args.target_return and len(recent) >= 20 and mean_return >= args.target_return:
             break
     collector.shutdown()
     result = {
         "estimator": args.estimator,
+        "gae_ran_on": ran_on,
         "iterations": iteration,
         "frames": frames,
         "return": sum(recent) / max(len(recent), 1),
-        "gae_module_ms": module_clock.ms,
-        "gae_recursion_ms": recursion_clock.ms,
-        "gae_first_call_s": module_clock.first,
         "wall_s": time.perf_counter() - start,
+        "gae_module_ms": module_clock.ms,  # median per call after the first
+        "gae_recursion_ms": recursion_clock.ms,
+        "gae_module_first_ms": None if module_clock.first is None else 1e3 * module_clock.first,
+        "gae_recursion_first_ms": None if recursion_clock.first is None
+        else 1e3 * recursion_clock.first,
     }
-    print("result: " + "  ".join(
-        f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
-    ))
+    items = [f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()]
+    print("result: " + " ".join(items[:4]))
+    print("        " + " ".join(items[4:7]))
+    print("        " + " ".join(items[7:]), flush=True)
     return result
 
 

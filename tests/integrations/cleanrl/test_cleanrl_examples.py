@@ -46,14 +46,40 @@ def run_main(path: Path, argv: list[str], capsys) -> str:
     return capsys.readouterr().out
 
 
+WIDTH = 88  # the lines fit a terminal of this width
+
+
 def check_log(out: str, iterations: int) -> None:
-    lines = [line for line in out.splitlines() if line.startswith("iteration=")]
-    assert len(lines) == iterations, out
-    for line in lines:
+    lines = out.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("iteration=")]
+    assert len(starts) == iterations, out
+    for n, i in enumerate(starts):
+        line, losses, gae = lines[i:i + 3]
         assert "global_step=" in line and "episodic_return=" in line, line
         assert re.search(r"SPS=\d+", line), line
-        assert re.search(r"gae_time_share=\d+\.\d+%", line), line
+        assert "value_loss=" in losses and "approx_kl=" in losses, losses
+        # per call: the first apart, then the median of the calls after it
+        calls = "call 2" if n == 1 else f"calls 2-{n + 1}"
+        median = rf" gae_median_ms=\d+\.\d{{3}} \({calls}\)" if n else ""
+        assert re.fullmatch(rf"  gae_first_ms=\d+\.\d{{3}}{median} gae_time_share=\d+\.\d+%",
+                            gae), gae
     assert "finished:" in out, out
+    assert re.search(r"^gae_first_ms=\d+\.\d+ gae_median_ms=\d+\.\d+ \(calls 2-\d+\)$", out,
+                     re.M), out
+    too_long = [line for line in lines if len(line) > WIDTH]
+    assert not too_long, too_long
+
+
+def expected_runner(gae_backend: str) -> str:
+    """What computed GAE on CPU tensors, as the examples must report it."""
+    if gae_backend == "cleanrl-loop":
+        return "cleanrl-loop"
+    backend = rl_triton_core.backend_for("cpu")
+    if backend == "interpreter":
+        return "triton-interpreter"
+    from rl_triton_core import _cpu_c
+
+    return "c-kernel-cpu" if _cpu_c.enabled() else "numba-cpu"
 
 
 def subprocess_env() -> dict[str, str]:
@@ -67,33 +93,33 @@ def subprocess_env() -> dict[str, str]:
 TINY = ["--no-cuda", "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2"]
 
 
-@pytest.mark.parametrize("gae_backend", ["triton", "loop"])
+@pytest.mark.parametrize("gae_backend", ["rl-triton-core", "cleanrl-loop"])
 @pytest.mark.parametrize("bootstrap", ["--bootstrap-truncated", "--no-bootstrap-truncated"])
 def test_discrete_smoke(gae_backend, bootstrap, capsys):
     argv = TINY + ["--env-id", SHORT_CARTPOLE, "--total-timesteps", "384"]
     out = run_main(DISCRETE, argv + ["--gae-backend", gae_backend, bootstrap], capsys)
     check_log(out, iterations=3)
-    assert f"gae_backend={gae_backend}" in out
-    # the backend that really ran (numba here on CPU tensors, Triton's interpreter under
-    # TRITON_INTERPRET=1 with RL_TRITON_CORE_BACKEND=triton), never a claim of Triton
-    ran = "loop" if gae_backend == "loop" else rl_triton_core.backend_for("cpu")
-    assert f"gae_ran_on={ran}" in out
+    # what really ran (on CPU tensors: the C kernel, numba without it, Triton's interpreter
+    # under TRITON_INTERPRET=1 with RL_TRITON_CORE_BACKEND=triton), never a claim of Triton
+    assert f"gae_backend={gae_backend} gae_ran_on={expected_runner(gae_backend)}" in out
+    assert "triton-cuda" not in out
 
 
-@pytest.mark.parametrize("gae_backend", ["triton", "loop"])
+@pytest.mark.parametrize("gae_backend", ["rl-triton-core", "cleanrl-loop"])
 @pytest.mark.parametrize("bootstrap", ["--bootstrap-truncated", "--no-bootstrap-truncated"])
 def test_continuous_smoke(gae_backend, bootstrap, capsys):
     # Pendulum truncates every episode at 200 steps: 256 steps per env see one.
     argv = TINY + ["--total-timesteps", "512", "--update-epochs", "2"]
     out = run_main(CONTINUOUS, argv + ["--gae-backend", gae_backend, bootstrap], capsys)
     check_log(out, iterations=4)
+    assert f"gae_ran_on={expected_runner(gae_backend)}" in out
     assert re.search(r"episodic_return=-\d+\.\d \(mean of last 2,", out), out
 
 
 def test_discrete_cli():
     """The script runs as a file with tyro's command line, as in the docs."""
     cmd = [sys.executable, str(DISCRETE), *TINY, "--total-timesteps", "256"]
-    cmd += ["--gae-backend", "loop", "--no-bootstrap-truncated"]
+    cmd += ["--gae-backend", "cleanrl-loop", "--no-bootstrap-truncated"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr
     check_log(proc.stdout, iterations=2)

@@ -125,7 +125,7 @@ def test_truncation_correct_matches_spec(num_steps, num_envs, gamma, gae_lambda)
 
 
 def test_truncation_equals_loop_with_bootstrap_folded_into_reward():
-    """The examples' `--gae-backend loop --bootstrap-truncated`: CleanRL's loop, with
+    """The examples' `--gae-backend cleanrl-loop --bootstrap-truncated`: CleanRL's loop, with
     gamma * V(final_obs) added to the reward of truncated steps, gives the same answer."""
     gamma, gae_lambda = 0.99, 0.95
     b = cleanrl_rollout(256, 8, torch.float64, seed=3, p_done=0.2)

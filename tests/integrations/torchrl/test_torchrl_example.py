@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import rl_triton_core
+
 pytest.importorskip("torchrl")
 pytest.importorskip("gymnasium")
 
@@ -29,14 +31,14 @@ def test_both_estimators_train_identically(example):
     results = [
         example.main(example.Args(estimator=e, total_frames=512, frames_per_batch=256,
                                   minibatch_size=128, num_epochs=1, target_return=0))
-        for e in ("torchrl", "triton")
+        for e in ("torchrl", "rl-triton-core")
     ]
     assert [r["iterations"] for r in results] == [2, 2]
     assert results[0]["return"] == pytest.approx(results[1]["return"], rel=1e-6)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("estimator", ["triton", "torchrl"])
+@pytest.mark.parametrize("estimator", ["rl-triton-core", "torchrl"])
 def test_learns_cartpole(example, estimator):
     result = example.main(example.Args(estimator=estimator))
     assert result["return"] >= 400, result
@@ -49,10 +51,28 @@ def test_cuda_without_a_gpu_falls_back_with_a_message(example, capsys):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    result = example.main(example.Args(estimator="triton", device="cuda", total_frames=256,
+    result = example.main(example.Args(estimator="rl-triton-core", device="cuda", total_frames=256,
                                        frames_per_batch=256, minibatch_size=128,
                                        num_epochs=1, target_return=0))
     assert result["iterations"] == 1
     captured = capsys.readouterr()
     assert "no CUDA GPU here, running on the CPU instead" in captured.err
-    assert "gae_ran_on=numba" in captured.out or "gae_ran_on=interpreter" in captured.out
+    from rl_triton_core import _cpu_c
+
+    ran = {"interpreter": "triton-interpreter"}.get(
+        rl_triton_core.backend_for("cpu"), "c-kernel-cpu" if _cpu_c.enabled() else "numba-cpu")
+    assert f"estimator=rl-triton-core gae_ran_on={ran} " in captured.out
+    assert result["gae_ran_on"] == ran
+
+
+def test_help_text_and_line_width(example, capsys):
+    """Every flag has help text; what a run prints fits an 88-column terminal; the first
+    calls are shown apart from the per-call medians."""
+    import dataclasses
+
+    assert set(example.HELP) == {f.name for f in dataclasses.fields(example.Args)}
+    example.main(example.Args(total_frames=512, frames_per_batch=256, minibatch_size=128,
+                              num_epochs=2, target_return=0))
+    out = capsys.readouterr().out
+    assert "first calls: GAE module" in out and "gae_module_first_ms=" in out
+    assert all(len(line) <= 88 for line in out.splitlines()), out
