@@ -1,9 +1,9 @@
 """rl_triton_trl: TRL's PPO advantages (GAE, whitening, zero fill) on ``rl_triton_core``.
 
-TRL's PPO trainer (``trl.experimental.ppo.PPOTrainer``, TRL 1.0 to 1.12, the releases
-that the ``[trl]`` extra allows; TRL 1.13 removed it, and no release has it at
-``trl.PPOTrainer``) computes its advantages inline in ``PPOTrainer.train()``, not in a function
-that could be swapped::
+TRL's PPO trainer (``trl.experimental.ppo.PPOTrainer`` in TRL 1.0 to 1.12, the releases
+that the ``[trl]`` extra allows, none of them with ``trl.PPOTrainer``; TRL 1.13 removed
+it) computes its advantages inline in ``PPOTrainer.train()``, not in a function that
+could be swapped::
 
     lastgaelam = 0
     for t in reversed(range(gen_length)):
