@@ -332,11 +332,12 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
                 return hit
             return _retrace_of(hit, rewards, terminated, truncated, gamma, lmbda, c_bar,
                                time_dim, out, torch.float32)
-    q_values = check.tensor("q_values", q_values)
-    target_probs = check.tensor("target_probs", target_probs)
+    q_values = check.floating("q_values", check.tensor("q_values", q_values))
+    target_probs = check.floating("target_probs", check.tensor("target_probs", target_probs))
     actions = check.tensor("actions", actions)
-    behaviour_log_probs = check.tensor("behaviour_log_probs", behaviour_log_probs)
-    rewards = check.tensor("rewards", rewards)
+    behaviour_log_probs = check.floating(
+        "behaviour_log_probs", check.tensor("behaviour_log_probs", behaviour_log_probs))
+    rewards = check.floating("rewards", check.tensor("rewards", rewards))
     if actions.is_floating_point() or actions.dtype == torch.bool:
         raise TypeError(f"actions must be an integer tensor, got dtype {actions.dtype}")
     step_shape = tuple(rewards.shape)

@@ -124,11 +124,7 @@ def test_flags_of_any_integer_dtype_still_run(name, dtype, cpu, gen):
 
 
 @pytest.mark.parametrize("dtype", INT_DTYPES, ids=str)
-@pytest.mark.parametrize("arg", [
-    "q_values", "rewards",
-    *(pytest.param(n, marks=pytest.mark.xfail(
-        strict=True, reason="retrace_from_actions checks these in estimators.py, not yet"))
-      for n in ("target_probs", "behaviour_log_probs"))])
+@pytest.mark.parametrize("arg", ["q_values", "rewards", "target_probs", "behaviour_log_probs"])
 def test_retrace_from_actions_integer_data(arg, dtype, cpu, gen):
     A = 4
     args = dict(q_values=torch.randn(B, T, A, generator=gen),
