@@ -121,7 +121,7 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_ep
         >>> import torch, rl_triton_core as rc
         >>> x = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
         >>> rc.masked_whiten(x, torch.tensor([[1, 1, 1, 0]]), fill=0.0)
-        tensor([[-1.0000,  0.0000,  1.0000,  0.0000]])
+        tensor([[-1.,  0.,  1.,  0.]])
     """
     x = _validate.floating("x", _validate.tensor("x", x))
     mask = _validate.tensor("mask", mask, flag=True)
