@@ -370,7 +370,7 @@ def _fused_tile(T: int) -> tuple:
     step a thread for rows of 64-512 steps, two for shorter rows, four at 1024 steps: the
     per-action loads of a warp then span few rows, and many small programs hide their
     latency. Measured on the H200 (A = 6, device time, ``scripts/rfa_tiles.py``,
-    docs/notes.md item 62): 512x128 4.4 -> 3.2 µs, 4096x128 15.4 -> 10.6, 32768x32
+    docs/bench/h200-2026-12-03-rfa-tiles.md): 512x128 4.4 -> 3.2 µs, 4096x128 15.4 -> 10.6, 32768x32
     51.9 -> 25.9, 16384x16 18.6 -> 6.9, 16384x512 211 -> 173 against the scan's tiles."""
     tp = max(16, triton.next_power_of_2(max(T, 1)))
     block_n = max(1, 64 // tp)
@@ -388,9 +388,10 @@ def _fused_pays(N, T, block_n, block_t, S, num_warps, time_contiguous, tune) -> 
     (S > 1) or a tile holds more than 4 steps a thread: whole rows of 2048-4096 steps
     (16 warps, 8 steps a thread) gave wrong targets on the H200 with int64 actions
     (triton 3.6; int32 actions were right), and the two passes were faster there
-    (docs/notes.md, 60-61). Where ``Tuning.fused_actions`` is None (the default), only
-    where it measured faster than the two passes on the H200: batch-major rows of
-    16-1024 steps with ``_fused_tile``'s tiles (above 1024 steps the two passes won)."""
+    (docs/notes.md, "The fused `retrace_from_actions` pass"). Where
+    ``Tuning.fused_actions`` is None (the default), only where it measured faster
+    than the two passes on the H200: batch-major rows of 16-1024 steps with
+    ``_fused_tile``'s tiles (above 1024 steps the two passes won)."""
     if tune.fused_actions is False or S > 1 or triton.cdiv(N, block_n) >= 2**31:
         return False
     if block_n * block_t > 4 * 32 * num_warps:

@@ -90,13 +90,13 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: int = _table.MODE_
     Batch-major data (time contiguous): one warp per stream row and a chunk of
     32 x VEC steps (VEC = 16 bytes of the data type: one vector load per thread
     and tensor), so the scan runs in registers and warp shuffles, without shared
-    memory. Measured on the H200 (docs/notes.md, tile sweep): 8 rows x 8 warps
+    memory. Measured on the H200 (docs/notes.md, "Tile sweep on the H200"): 8 rows x 8 warps
     for GAE / TD(lambda), 4 x 4 for the others; 2 rows x 4 warps where that alone
     fills the GPU and the larger tile would split time. Rows of 129-4096 steps
     (float32) take a whole row per program in one chunk where there are at least as
     many rows as SMs: always for the light scans (traces, sums), and for the others
     up to 512 steps or where the chunk tiles would leave fewer than 4 programs per SM
-    (rl-triton's one-row design; measured faster there, docs/notes.md item 59).
+    (rl-triton's one-row design; measured faster there: docs/notes.md, "Whole-row tiles").
     Time-major data (streams
     contiguous): one thread per stream (SCALAR_N), each holding BLOCK_T steps, so
     a warp's loads are one coalesced row per step and the scan is sequential in

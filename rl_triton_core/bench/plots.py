@@ -16,7 +16,7 @@ from pathlib import Path
 
 __all__ = ["write_report", "markdown", "write_plots", "load"]
 
-FLOOR_BIG_US = 10.0  # the issue's targets: <= 1.15x the floor where it takes >= 10 us, else 2x
+FLOOR_BIG_US = 10.0  # the targets: <= 1.15x the floor where it takes >= 10 us, else 2x
 TARGET_BIG, TARGET_SMALL = 1.15, 2.0
 
 
@@ -96,7 +96,7 @@ def _b2b_or_none(rec):
 
 
 def summary(records, estimator) -> list:
-    """The issue's targets for one estimator, as lines of text."""
+    """The speed targets (FLOOR_BIG_US) for one estimator, as lines of text."""
     idx = _index(records)
     big, small, n_big_ok, n_small_ok, wrong = [], [], 0, 0, 0
     for shape, layout, trunc in _cases(records, estimator):
