@@ -665,7 +665,7 @@ def run(opts: Options) -> dict:
     for (N, T), spec, trunc, layout in cases:
         desc = f"{spec.name} {N}x{T} {layout} {trunc}"
         if opts.deadline_s and time.perf_counter() - t_start > opts.deadline_s:
-            header["incomplete"] = (f"stopped at the {opts.deadline_s:.0f} s deadline before "
+            header["incomplete"] = (f"stopped at its {opts.deadline_s:.0f} s time limit before "
                                     f"{desc} (--deadline-s)")
             print(f"[bench] {header['incomplete']}", file=sys.stderr)
             break
