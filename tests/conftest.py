@@ -182,3 +182,26 @@ def pytest_runtest_logreport(report):
             f.write(f"===== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
             for name, text in report.sections:
                 f.write(f"--- {name}\n{text[-4000:]}\n")
+
+
+def pytest_sessionfinish(session):
+    """In an xdist worker: one full garbage collection, then ``gc.freeze()``, before the
+    worker reports that it has finished (this hook runs inside xdist's wrapper, which
+    sends "workerfinished" after it).
+
+    Why: after "workerfinished" the controller ends the worker's gateway, and execnet
+    gives the worker 5 s to return before it sends the worker a SIGINT. What the worker
+    still does then is mostly garbage collection (pytest collects at unconfigure and
+    again at cleanup), and a full collection of a worker's heap after the suite (torch,
+    Ray, RLlib, numba, the interpreter: millions of objects) takes seconds on two busy
+    cores. The SIGINT then lands in a gc callback -- hypothesis's ``gc_callback``, which
+    accounts GC time -- where the KeyboardInterrupt cannot propagate, and pytest prints
+    it as a PytestUnraisableExceptionWarning with its traceback. Collected here, while
+    pytest's unraisable hook still attributes what the finalizers raise, and frozen, the
+    later collections only walk what teardown creates."""
+    import gc
+
+    if not _WORKER:
+        return
+    gc.collect()
+    gc.freeze()
