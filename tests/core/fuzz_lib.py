@@ -824,13 +824,17 @@ def check_case(case: Case, p: dict, ctx: str, device: str, slow_check: bool):
 
 
 def chunk_cases(name: str, seed: int, n_cases: int, n_profiles: int, device: str,
-                tiny: bool = False, chunk: int = 0, on=None):
+                tiny: bool = False, chunk: int = 0, on=None, only=None):
     """The cases of a chunk: ``(i, profile, context, case)``, all derived from ``seed``
-    and ``chunk``; ``on``: the device the tensors are made on (default ``device``)."""
+    and ``chunk``; ``on``: the device the tensors are made on (default ``device``);
+    ``only``: just case ``only`` (each case draws from its own seed, so skipping the
+    others changes nothing in it; replaying case 583 built 583 GPU-sized cases first)."""
     rng = random.Random(f"{name}/{seed}/{chunk}/{device}/{tiny}")
     profiles = [draw_profile(name, rng, device, tiny) for _ in range(n_profiles)]
     for i in range(n_cases):
         case_seed = rng.randrange(2**62)
+        if only is not None and i != only:
+            continue
         p = profiles[i % n_profiles]
         crng = random.Random(case_seed)
         gen = torch.Generator().manual_seed(case_seed)
