@@ -150,6 +150,10 @@ def test_gradcheck_and_reference_gradients(case, layout, impl, seed):
 @pytest.mark.parametrize("case", ["vtrace_shifted", "vtrace_shifted_tensor_coefs",
                                   "linrec_broadcast_beta_reverse",
                                   "linrec_forward", "traces_features_gamma_tensor"])
+# the interpreter's full gradchecks (10-20 s each on 2 cores) are in the long tier; the
+# main tier has them in fast mode (test_gradcheck_and_reference_gradients)
+@pytest.mark.parametrize("impl", ["cpu", pytest.param("interp", marks=pytest.mark.long),
+                                  pytest.param("cuda", marks=pytest.mark.gpu)], indirect=True)
 def test_full_gradcheck_small(case, layout, impl, seed):
     """Full gradcheck on the kernels too, at shapes small enough for the interpreter."""
     shape, td = layout

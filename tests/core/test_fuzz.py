@@ -11,7 +11,8 @@ numbers or broadcastable tensors of any floating dtype, next_values vs bootstrap
 (broadcast) vs neither, ``init``, ``out=`` in any view and floating dtype. Every failure
 message carries the chunk's seed and the case (rerun one test id with RL_TEST_SEED=<seed>).
 
-* CPU (numba): ``CPU_CASES`` cases per estimator, in ``CPU_CHUNKS`` tests.
+* CPU (numba): ``CPU_CASES`` cases per estimator, in ``CPU_CHUNKS`` tests (chunk 0 in the
+  main CI tier; the others, each with a profile of its own, in the ``long`` tier).
 * CUDA (``gpu``): ``GPU_CASES`` cases per estimator from the same generator.
 * Interpreter: ``INTERP_CASES`` tiny cases per estimator on the Triton backend under
   TRITON_INTERPRET=1 (CPU tensors).
@@ -36,7 +37,8 @@ def _n(total, chunks):
     return max(1, round(total * SCALE / chunks))
 
 
-@pytest.mark.parametrize("chunk", range(CPU_CHUNKS))
+@pytest.mark.parametrize(
+    "chunk", [c if c == 0 else pytest.param(c, marks=pytest.mark.long) for c in range(CPU_CHUNKS)])
 @pytest.mark.parametrize("name", ESTIMATORS)
 def test_fuzz_cpu(name, chunk, seed, monkeypatch):
     """The numba path: CPU tensors, RL_TRITON_CORE_BACKEND=cpu."""
@@ -83,10 +85,11 @@ def _replay(name, seed, chunk, index, device="cpu"):
     on CUDA."""
     from fuzz_lib import check_case, chunk_cases
 
-    for i, p, ctx, case in chunk_cases(name, seed, index + 1, GPU_PROFILES, "cuda",
-                                       chunk=chunk, on=device):
-        if i == index:
-            check_case(case, p, ctx, device, slow_check=True)
+    cases = list(chunk_cases(name, seed, index + 1, GPU_PROFILES, "cuda", chunk=chunk,
+                             on=device, only=index))
+    assert [c[0] for c in cases] == [index]
+    i, p, ctx, case = cases[0]
+    check_case(case, p, ctx, device, slow_check=True)
 
 
 def test_fuzz_found_float32_past_its_range(monkeypatch):

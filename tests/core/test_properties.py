@@ -15,6 +15,7 @@ vacuously (e.g. two outputs that are both zero, or both wrong the same way).
 (f) on-policy vtrace / retrace == gae value targets.
 """
 
+import pytest
 import torch
 from core_testlib import (
     FLAG_KINDS,
@@ -37,14 +38,18 @@ from hypothesis import strategies as st
 MAX_T = {"cpu": 300, "interp": 70, "cuda": 300}
 # With a cold numba cache (a clean checkout, CI) the CPU path compiles for about a second
 # per new combination of dtypes and memory layouts, and nearly every example is a new one.
-EXAMPLES = {"cpu": 20, "interp": 6, "cuda": 30}
+# Each test runs twice, as ``part`` "main" (the main CI tier) and "long" (the long tier,
+# marked ``long``), each with its share of the examples: 20 / 6 / 30 in all.
+EXAMPLES = {"main": {"cpu": 8, "interp": 3, "cuda": 15},
+            "long": {"cpu": 12, "interp": 3, "cuda": 15}}
+pytestmark = pytest.mark.parametrize("part", ["main", pytest.param("long", marks=pytest.mark.long)])
 
 SETTINGS = dict(deadline=None, derandomize=False, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def examples(impl_name):
-    return settings(max_examples=EXAMPLES[impl_name], **SETTINGS)
+def examples(impl_name, part):
+    return settings(max_examples=EXAMPLES[part][impl_name], **SETTINGS)
 
 
 @st.composite
@@ -126,10 +131,10 @@ def _shifted_next_values(inp, values, done):
     return nv.movedim(0, pos).contiguous()
 
 
-def test_lambda_returns_minus_values_is_gae(impl, segments):
+def test_lambda_returns_minus_values_is_gae(impl, segments, part):
     """(a) If V'_t = V_{t+1} at every step that is not done, G_t - V_t = A_t."""
 
-    @examples(impl.name)
+    @examples(impl.name, part)
     @given(problems(MAX_T[impl.name]))
     def check(p):
         segments(p["seg"])
@@ -151,10 +156,10 @@ def test_lambda_returns_minus_values_is_gae(impl, segments):
     check()
 
 
-def test_gae_lambda_one_is_monte_carlo_minus_values(impl, segments):
+def test_gae_lambda_one_is_monte_carlo_minus_values(impl, segments, part):
     """(b) GAE with lmbda = 1 is the discounted return (same next values) minus V."""
 
-    @examples(impl.name)
+    @examples(impl.name, part)
     @given(problems(MAX_T[impl.name]))
     def check(p):
         segments(p["seg"])
@@ -176,11 +181,11 @@ def test_gae_lambda_one_is_monte_carlo_minus_values(impl, segments):
     check()
 
 
-def test_discounted_returns_is_lambda_returns_with_lambda_one(impl, segments):
+def test_discounted_returns_is_lambda_returns_with_lambda_one(impl, segments, part):
     """(c) discounted_returns == lambda_returns(lmbda=1) whatever the values, with explicit
     next values, and with bootstrap_value (= next values 0 except V'_{T-1})."""
 
-    @examples(impl.name)
+    @examples(impl.name, part)
     @given(problems(MAX_T[impl.name]), st.booleans())
     def check(p, explicit):
         segments(p["seg"])
@@ -223,10 +228,10 @@ def forward_problems(draw, max_t):
     return p
 
 
-def test_traces_without_decay_are_episodic_cumsum(impl, segments):
+def test_traces_without_decay_are_episodic_cumsum(impl, segments, part):
     """(d) eligibility_traces with gamma * lmbda = 1 equals episodic_cumsum."""
 
-    @examples(impl.name)
+    @examples(impl.name, part)
     @given(forward_problems(MAX_T[impl.name]))
     def check(p):
         segments(p["seg"])
@@ -251,10 +256,10 @@ def test_traces_without_decay_are_episodic_cumsum(impl, segments):
     check()
 
 
-def test_linear_recurrence_with_gae_coefficients_is_gae(impl, segments):
+def test_linear_recurrence_with_gae_coefficients_is_gae(impl, segments, part):
     """(e) alpha_t = delta_t, beta_t = gamma_t lmbda_t (1 - done_t), backward: the GAE."""
 
-    @examples(impl.name)
+    @examples(impl.name, part)
     @given(problems(MAX_T[impl.name]))
     def check(p):
         segments(p["seg"])
@@ -283,11 +288,11 @@ def test_linear_recurrence_with_gae_coefficients_is_gae(impl, segments):
     check()
 
 
-def test_on_policy_vtrace_and_retrace_are_gae(impl, segments):
+def test_on_policy_vtrace_and_retrace_are_gae(impl, segments, part):
     """(f) With log_rhos = 0 and clips >= 1, V-trace's vs are GAE's value targets (c_t =
     lmbda_t), and Retrace with Q = V, E = V' (scalar lmbda) gives the same targets."""
 
-    @examples(impl.name)
+    @examples(impl.name, part)
     @given(problems(MAX_T[impl.name]), st.sampled_from([1.0, 1.5]))
     def check(p, clip):
         segments(p["seg"])
