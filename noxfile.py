@@ -1,4 +1,4 @@
-"""Sessions: tests, lint, demo, bench, docs, compat.  Run `python3 -m nox -s <name>`.
+"""Sessions: tests, extras, lint, demo, bench, docs, compat.  Run `python3 -m nox -s <name>`.
 
 torch is pinned and installed first, explicitly: a bare `torch` requirement
 would pull a multi-GB CUDA build on a CPU-only machine. Without an NVIDIA GPU, torch
@@ -10,10 +10,12 @@ overrides what is installed (pip arguments, split like a shell line), e.g.
 """
 
 import os
+import re
 import shlex
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import nox
@@ -151,6 +153,153 @@ def tests_long(session):
     _suite(session)
     args = session.posargs or ["-m", f"long and {CI_MARKS}", "-n", "2", "--durations=15"]
     session.run("python", "-m", "pytest", *args)
+
+
+def _venv_python(path: Path) -> str:
+    return str(path / ("Scripts" if sys.platform == "win32" else "bin") / "python")
+
+
+# What `extras` checks for each extra of pyproject.toml, installed as the docs say (torch
+# first, then `pip install -e ".[extra]"`):
+#   "fresh":   installed into a venv of its own;
+#   "add":     installed into the session's venv, which holds torch and the core only
+#              until then (one venv fewer to build: each builds the C kernels);
+#   "resolve": `pip install --dry-run` in the session's venv, where the install is too big
+#              for CI (Ray, verl's stack, TRL's datasets/transformers) or is what `tests`
+#              installs anyway (dev, bench, docs).
+# Then the commands, in that venv ("resolve": the session's; rllib_ppo.py imports Ray only
+# after parsing its flags), and for "resolve" an optional check of what was resolved.
+_HELP = "--help"
+EXTRAS = {
+    "torchrl": ("fresh", [["examples/torchrl_ppo.py", _HELP]]),
+    "rllib": ("resolve", [["examples/rllib_ppo.py", _HELP]]),
+    "verl": ("resolve", []),
+    "trl": ("resolve", []),
+    "dev": ("resolve", []),
+    "bench": ("resolve", [["-m", "rl_triton_core.bench", _HELP]]),
+    "docs": ("resolve", []),
+    "cleanrl": ("add", [["examples/cleanrl_ppo.py", _HELP],
+                        ["examples/cleanrl_ppo_continuous.py", _HELP]]),
+}
+# Extras that the docs say cannot share an environment: the resolve must fail.
+CONFLICTS = [("torchrl", "verl")]  # tensordict 0.14 against verl's <= 0.10
+_OPENRLHF_CHECK = """
+import rl_triton_openrlhf
+try:
+    rl_triton_openrlhf.install()
+except ImportError as e:
+    assert type(e) is ImportError, repr(e)
+    assert (e.name == "openrlhf") == {absent!r}, repr(e)  # OpenRLHF, or what it imports
+    assert {absent!r} or "Not importable here: flash_attn (flash-attn)" in str(e), repr(e)
+    print("rl_triton_openrlhf.install() ->", e)
+else:
+    raise SystemExit("rl_triton_openrlhf.install() did not raise")
+"""
+
+
+def _requirement_names(extras: str) -> set:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: no listing
+        return set()
+    table = tomllib.loads(Path("pyproject.toml").read_text())["project"]
+    return {re.split(r"[\[<>=!~; ]", req, maxsplit=1)[0].lower().replace("_", "-")
+            for extra in extras.split(",") for req in table["optional-dependencies"][extra]}
+
+
+def _dry_run(session, extras, ok=True) -> dict:
+    """``pip install --dry-run -e .[extras]`` in the session's venv: {name: version} of
+    what it would install (``ok``), or a check that it fails with ResolutionImpossible."""
+    out = session.run("python", "-m", "pip", "install", "--dry-run", "-e", f".[{extras}]",
+                      silent=True, success_codes=[0] if ok else [1])
+    if not ok:
+        if "ResolutionImpossible" not in out:
+            session.error(f".[{extras}] failed to resolve for another reason:\n{out[-2000:]}")
+        session.log(f".[{extras}] cannot be resolved together, as the docs say")
+        return {}
+    would = [line for line in out.splitlines() if line.startswith("Would install")]
+    names = dict(n.rsplit("-", 1) for n in (would[-1].split()[2:] if would else []))
+    names = {k.lower().replace("_", "-"): v for k, v in names.items()}
+    direct = _requirement_names(extras)
+    session.log(f".[{extras}] resolves: {len(names)} packages, among them " + ", ".join(
+        f"{k} {v}" for k, v in sorted(names.items()) if k in direct))
+    return names
+
+
+def _trl_has_ppo(session, versions):
+    """The TRL that .[trl] resolves to has PPOTrainer at trl.experimental.ppo (the docs
+    say so), read from its wheel (TRL's import needs datasets/transformers)."""
+    import zipfile
+
+    version = versions["trl"]
+    with tempfile.TemporaryDirectory() as tmp:
+        session.run("python", "-m", "pip", "download", "-q", "--no-deps", f"trl=={version}",
+                    "-d", tmp, silent=True)
+        (wheel,) = Path(tmp).glob("trl-*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            source = z.read("trl/experimental/ppo/ppo_trainer.py").decode()
+            init = z.read("trl/experimental/ppo/__init__.py").decode()
+    if "class PPOTrainer" not in source or "PPOTrainer" not in init:
+        session.error(f"trl {version} has no trl.experimental.ppo.PPOTrainer")
+    session.log(f"trl {version}: PPOTrainer in trl.experimental.ppo")
+
+
+CHECKS = {"trl": _trl_has_ppo}
+
+
+def _fresh_venv_install(session, extra, commands):
+    tmp = Path(tempfile.mkdtemp(prefix=f"rl_triton_{extra}_"))
+    try:
+        session.run("python", "-m", "venv", str(tmp / "venv"))
+        python = _venv_python(tmp / "venv")
+        pip = [python, "-m", "pip", "install", "-q", "--no-compile"]
+        session.run(*pip, *TORCH, external=True)
+        session.run(*pip, "-e", f".[{extra}]", external=True)
+        for command in commands:
+            session.run(python, *command, external=True, silent=command[-1] == _HELP)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@nox.session
+def extras(session):
+    """Every extra of pyproject.toml as the docs install it on a CPU machine: installed
+    (torch first) or, where too big for CI, resolved with `pip install --dry-run`; then
+    its examples' --help. Also: the extras the docs say cannot share an environment do
+    not resolve together, and rl_triton_openrlhf.install() names what is missing
+    (OpenRLHF; then, with OpenRLHF --no-deps, its GPU stack). Reuses pip's cache, which
+    `tests` has filled."""
+    start = time.monotonic()
+    timings = []
+    # the session's venv: torch and the core (.[openrlhf] adds nothing: see pyproject.toml)
+    session.install("--no-compile", *TORCH)
+    session.install("--no-compile", "-e", ".[openrlhf]")
+    session.run("python", "-c", _OPENRLHF_CHECK.format(absent=True))
+    for extra, (how, commands) in EXTRAS.items():
+        t0 = time.monotonic()
+        if how == "fresh":
+            _fresh_venv_install(session, extra, commands)
+        else:
+            if how == "resolve":
+                versions = _dry_run(session, extra)
+                if extra in CHECKS:
+                    CHECKS[extra](session, versions)
+            else:
+                session.install("--no-compile", "-e", f".[{extra}]")
+            for command in commands:
+                session.run("python", *command, silent=command[-1] == _HELP)
+        timings.append((extra, how, time.monotonic() - t0))
+    for pair in CONFLICTS:
+        t0 = time.monotonic()
+        _dry_run(session, ",".join(pair), ok=False)
+        timings.append(("+".join(pair), "no common resolve", time.monotonic() - t0))
+    t0 = time.monotonic()
+    session.install("--no-deps", next(f for f in LLM_FRAMEWORKS if f.startswith("openrlhf")))
+    session.run("python", "-c", _OPENRLHF_CHECK.format(absent=False))
+    timings.append(("openrlhf", "add (the core); install() errors", time.monotonic() - t0))
+    for extra, how, seconds in timings:
+        session.log(f"  .[{extra}]: {how}: OK in {seconds:.0f} s")
+    session.log(f"extras: all OK in {time.monotonic() - start:.0f} s")
 
 
 @nox.session
