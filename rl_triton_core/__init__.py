@@ -54,4 +54,4 @@ __all__ = [
     "tuning",
     "current_tuning",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
