@@ -187,11 +187,12 @@ INLINE double get1(const arr_t *a, ssz byte_off) {
 
 /* alpha, beta of n steps from their inputs (vectorised: no branch, selects only). G, L:
  * gamma, lambda per step (filled with the number where it is one); TR: zeros without
- * truncation flags. last_has_no_next: step n - 1 is the stream's last (TD(lambda)'s l'). */
+ * truncation flags. Elements k >= no_next have no successor in their stream (TD(lambda)'s
+ * l' = 0 there): n - 1 for a chunk that ends a stream, 0 for a row of steps T - 1. */
 INLINE void coefs(const ctx_t *c, ssz n, const double *restrict X, const double *restrict V,
                   const double *restrict NV, const double *restrict TE,
                   const double *restrict TR, const double *restrict G,
-                  const double *restrict L, ssz last_has_no_next, double *restrict A,
+                  const double *restrict L, ssz no_next, double *restrict A,
                   double *restrict B) {
     ssz k;
     if (c->mode == MODE_GAE) {
@@ -208,7 +209,7 @@ INLINE void coefs(const ctx_t *c, ssz n, const double *restrict X, const double 
             const double gamma = G[k], lmbda = L[k];
             const int te = TE[k] != 0.0;
             const int done = (TE[k] + TR[k]) != 0.0;
-            const int nonext = (k == n - 1) & (int)last_has_no_next;
+            const int nonext = k >= no_next;
             const double lc = (nonext | done) ? 0.0 : lmbda;
             A[k] = X[k] + (te ? 0.0 : gamma * (1.0 - lc) * NV[k]);
             B[k] = te ? 0.0 : gamma * lc;
@@ -334,7 +335,8 @@ INLINE void row_load(const ctx_t *c, rowbuf_t *bf, int l, ssz n, ssz t_lo, ssz t
     if (c->has_trunc) load_m(bf->TR, &c->tr, off3(&c->tr, n, N2) + t_lo * c->tr.st, c->tr.st, m);
     if (c->g_t) load_d(bf->G, &c->g, off3(&c->g, n, N2) + t_lo * c->g.st, c->g.st, m);
     if (c->l_t) load_d(bf->L, &c->lm, off3(&c->lm, n, N2) + t_lo * c->lm.st, c->lm.st, m);
-    coefs(c, m, bf->X, V, NV, bf->TE, bf->TR, bf->G, bf->L, t_hi >= T, bf->A[l], bf->B[l]);
+    coefs(c, m, bf->X, V, NV, bf->TE, bf->TR, bf->G, bf->L, t_hi >= T ? m - 1 : m, bf->A[l],
+          bf->B[l]);
 }
 
 INLINE void row_store(const ctx_t *c, rowbuf_t *bf, int l, ssz n, ssz t_lo, ssz t_hi) {
@@ -507,30 +509,9 @@ INLINE void col_block(const ctx_t *c, colbuf_t *bf, ssz blk) {
             load_m(bf->TR, &c->tr, off3(&c->tr, n0, N2) + t * c->tr.st, LS(&c->tr), w);
         if (c->g_t) load_d(bf->G, &c->g, off3(&c->g, n0, N2) + t * c->g.st, LS(&c->g), w);
         if (c->l_t) load_d(bf->L, &c->lm, off3(&c->lm, n0, N2) + t * c->lm.st, LS(&c->lm), w);
-        const double *restrict G = bf->G, *restrict L = bf->L;
+        coefs(c, w, bf->X, bf->V, NV, bf->TE, bf->TR, bf->G, bf->L, t + 1 >= T ? 0 : w, bf->A,
+              bf->B);
         double *restrict A = bf->A, *restrict B = bf->B, *restrict H = bf->H;
-        const double *restrict X = bf->X, *restrict V = bf->V;
-        const double *restrict TE = bf->TE, *restrict TR = bf->TR;
-        if (c->mode == MODE_GAE) {
-            NOALIAS for (k = 0; k < w; k++) {
-                const double gamma = G[k], lmbda = L[k];
-                const int te = TE[k] != 0.0;
-                const int done = (TE[k] + TR[k]) != 0.0;
-                const double bnv = te ? 0.0 : gamma * NV[k];
-                A[k] = X[k] + bnv - V[k];
-                B[k] = done ? 0.0 : gamma * lmbda;
-            }
-        } else {
-            const int nonext = t + 1 >= T;
-            NOALIAS for (k = 0; k < w; k++) {
-                const double gamma = G[k], lmbda = L[k];
-                const int te = TE[k] != 0.0;
-                const int done = (TE[k] + TR[k]) != 0.0;
-                const double lc = (nonext | done) ? 0.0 : lmbda;
-                A[k] = X[k] + (te ? 0.0 : gamma * (1.0 - lc) * NV[k]);
-                B[k] = te ? 0.0 : gamma * lc;
-            }
-        }
         NOALIAS for (k = 0; k < w; k++) {
             const double a = A[k], b = B[k];
             H[k] = b == 0.0 ? a : a + b * H[k];
