@@ -287,7 +287,7 @@ def _empty(shape, dtype, device):
         numel = 1
         for s in shape:
             numel *= s
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize  # no tensor allocated to ask
         ck = _ckernel() if nbytes >= _POOLED else None
         if ck is not None and ck.cache_info()["limit"] > 0:
             return torch.frombuffer(ck.empty(nbytes), dtype=dtype).view(shape)
