@@ -25,7 +25,7 @@ def _flags():
 
 
 def _libs():
-    return [] if sys.platform == "win32" else ["pthread"]
+    return [] if sys.platform == "win32" else ["pthread", "dl"]
 
 
 class OptionalBuildExt(build_ext):

@@ -39,11 +39,28 @@ def handles(key) -> bool:
             and not key[12] and enabled())
 
 
+def _scan_args(key, args, threads):
+    (mode, _, two_out, has_v, has_nv, has_trunc, has_boot, _, g_t, l_t) = key[:10]
+    o0, o1, x, v, nv, term, trunc, boot, g, lm, gs, lms = args[:12]
+    return (mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads or THREADS,
+            o0, o1, x, v, nv, term, trunc, boot, g, lm, float(gs), float(lms))
+
+
+def prepare(key, args, threads=None):
+    """The call ``run(key, args, threads)`` recorded for :func:`run_prepared` (bytes), or
+    None where an array's dtype is not one the kernel reads. Computes nothing."""
+    return _cscan.prepare(*_scan_args(key, args, threads))
+
+
+def run_prepared(prepared, gs, lms, addresses):
+    """A :func:`prepare`-d call on the arrays at ``addresses`` (ints, in the order out0,
+    out1, x, v, nv, term, trunc, boot, g, lm; 0 for an absent one), which have the
+    shapes, strides and dtypes of the recorded call's: no buffer is taken, no view
+    built."""
+    _cscan.run(prepared, gs, lms, *addresses)
+
+
 def run(key, args, threads=None) -> bool:
     """Run the variant ``key`` on the numba kernel's arguments ``args`` (outputs first);
     False (nothing written) where an array's dtype is not one the kernel reads."""
-    (mode, _, two_out, has_v, has_nv, has_trunc, has_boot, _, g_t, l_t) = key[:10]
-    o0, o1, x, v, nv, term, trunc, boot, g, lm, gs, lms = args[:12]
-    return _cscan.scan(mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t,
-                       threads or THREADS, o0, o1, x, v, nv, term, trunc, boot, g, lm,
-                       float(gs), float(lms))
+    return _cscan.scan(*_scan_args(key, args, threads))

@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #ifndef _WIN32
 #include <pthread.h>
+#include <dlfcn.h>
 #endif
 
 #define MODE_GAE 1
@@ -97,6 +98,7 @@ typedef struct {
     ssz nlanes, seg, S;
     double *h_end; /* per lane: h at its lowest step (segmented streams) */
     int columns;
+    int fast; /* the fast row walk (fast_stream): a stream a unit */
     ssz nblocks;
 } ctx_t;
 
@@ -254,6 +256,8 @@ INLINE void transpose8(v8d *r) {
  * 8-wide vectors cost more than the scalar loop saves (4096 x 128 on one thread: 2.06 ms
  * against 1.42 for the scalar loop). Set when the module loads. */
 static int use_vec8 = 0;
+/* the fast row walk (see fast_stream); off only in tests, to reach the other walks */
+static int use_fast = 1;
 
 /* ---------------------------------------------------------------------- row walk */
 
@@ -466,6 +470,189 @@ MULTIVERSION static void row_fixup(const ctx_t *c, rowbuf_t *bf, ssz n) {
     }
 }
 
+/* ------------------------------------------------------------ the fast row walk */
+
+/* Rows of float32 data contiguous in time (batch-major data and flat streams: the common
+ * case), gamma and lambda numbers, byte or float32 flags contiguous in time. Each stream
+ * is walked on its own, backwards from its last step, 16 steps at a time, in float32 as
+ * the GPU kernel computes float32 data:
+ *   1. the 16 steps' alpha and beta, as one vector;
+ *   2. their suffix maps (A_i, B_i) = (alpha_i, beta_i) o ... o (alpha_15, beta_15), by
+ *      four rounds of lane shifts (an in-register scan: the same tree on every call);
+ *   3. h_i = A_i + B_i c, with c the h of the step above the 16 (broadcast from lane 0
+ *      of the previous vector).
+ * Only step 3 is sequential, one multiply-add per 16 steps: one stream runs at the speed
+ * of its loads and needs no segments, and the bits do not depend on the number of
+ * threads (a stream is one thread's). Every composition selects where beta is 0: a done
+ * step cuts everything, NaN and inf included. */
+#if VEC8
+typedef float v16f __attribute__((vector_size(64)));
+typedef int v16i __attribute__((vector_size(64)));
+typedef signed char v16c __attribute__((vector_size(16)));
+
+INLINE v16f sel16(v16i m, v16f a, v16f b) { /* m ? a : b, lane by lane */
+    return (v16f)(((v16i)a & m) | ((v16i)b & ~m));
+}
+
+INLINE v16f ld16(const char *p) {
+    v16f f;
+    memcpy(&f, p, sizeof(f));
+    return f;
+}
+
+INLINE void st16(char *p, v16f x) { memcpy(p, &x, sizeof(x)); }
+
+/* a flag vector as a lane mask: set where nonzero (NaN included) */
+INLINE v16i ld_flag16(const char *p, int bytes) {
+    if (bytes) {
+        v16c b;
+        memcpy(&b, p, sizeof(b));
+        return __builtin_convertvector(b != 0, v16i);
+    }
+    return ld16(p) != 0.0f;
+}
+
+/* h of 16 steps from their alpha, beta and the carry cv (c in every lane) */
+INLINE v16f scan16(v16f a, v16f b, v16f cv) {
+    const v16f zero = {0}, one = zero + 1.0f;
+#define ROUND(...)                                                                    \
+    do {                                                                              \
+        const v16i idx = {__VA_ARGS__};                                               \
+        const v16f sa = __builtin_shuffle(a, zero, idx), sb = __builtin_shuffle(b, one, idx); \
+        a = sel16(b == 0.0f, a, a + b * sa);                                          \
+        b = b * sb;                                                                   \
+    } while (0)
+    ROUND(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+    ROUND(2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16);
+    ROUND(4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16);
+    ROUND(8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16, 16, 16, 16, 16);
+#undef ROUND
+    return sel16(b == 0.0f, a, a + b * cv);
+}
+
+/* alpha, beta of 16 steps (the formulas of coefs(), in float32); nonext: lanes with no
+ * successor (TD(lambda)) */
+INLINE void coefs16(int gae, float gf, float lf, float glf, v16f x, v16f v, v16f nv,
+                    v16i te, v16i tr, v16i nonext, v16f *a, v16f *b) {
+    const v16f zero = {0};
+    const v16i done = te | tr;
+    if (gae) {
+        *a = x + sel16(te, zero, gf * nv) - v;
+        *b = sel16(done, zero, zero + glf);
+    } else {
+        const v16f lc = sel16(nonext | done, zero, zero + lf);
+        *a = x + sel16(te, zero, gf * (1.0f - lc) * nv);
+        *b = sel16(te, zero, gf * lc);
+    }
+}
+
+/* stream n; GAE (gae = 1) or TD(lambda), byte flags (tb, rb = 1) or float32 ones */
+INLINE void fast_stream(const ctx_t *c, ssz n, const int gae, const int tb, const int rb) {
+    const ssz N2 = c->N2, T = c->T;
+    const char *px = c->x.p + off3(&c->x, n, N2);
+    const char *pv = c->has_v ? c->v.p + off3(&c->v, n, N2) : NULL;
+    const char *pn = c->has_nv ? c->nv.p + off3(&c->nv, n, N2) : NULL;
+    const char *pte = c->te.p + off3(&c->te, n, N2);
+    const char *ptr = c->has_trunc ? c->tr.p + off3(&c->tr, n, N2) : NULL;
+    char *po0 = c->o0.p + off3(&c->o0, n, N2);
+    char *po1 = c->two_out ? c->o1.p + off3(&c->o1, n, N2) : NULL;
+    const ssz fte = tb ? 1 : 4, ftr = rb ? 1 : 4;
+    const float gf = (float)c->gs, lf = (float)c->lms, glf = (float)(c->gs * c->lms);
+    const v16f zero = {0};
+    const v16i none = {0}, bcast = {0};
+    v16f a, b, h, v;
+
+    /* the top 16 steps, or fewer: [t0, T), m lanes, through buffers; lanes past T have
+     * alpha = 0, so the top step sees h_T = 0 */
+    const ssz q = (T - 1) / 16, t0 = 16 * q, m = T - t0;
+    {
+        float X[16] = {0}, V[17] = {0}, NV[16] = {0};
+        v16i te = none, tr = none, last = none, past = none;
+        for (ssz k = 0; k < m; k++) {
+            const ssz t = t0 + k;
+            X[k] = ((const float *)px)[t];
+            if (pv) V[k] = ((const float *)pv)[t];
+            if (pn) NV[k] = ((const float *)pn)[t];
+            te[k] = tb ? -(pte[t] != 0) : -(((const float *)pte)[t] != 0.0f);
+            if (ptr) tr[k] = rb ? -(ptr[t] != 0) : -(((const float *)ptr)[t] != 0.0f);
+        }
+        for (ssz k = 0; k < 16; k++) {
+            past[k] = -(k >= m);
+            last[k] = -(k >= m - 1);
+        }
+        if (!pn) {
+            V[m] = c->has_boot ? (float)get1(&c->boot, off3(&c->boot, n, N2)) : 0.0f;
+            for (ssz k = 0; k < 16; k++) NV[k] = V[k + 1];
+        }
+        v16f x, nv;
+        memcpy(&x, X, 64);
+        memcpy(&v, V, 64);
+        memcpy(&nv, NV, 64);
+        coefs16(gae, gf, lf, glf, x, v, nv, te, tr, last, &a, &b);
+        a = sel16(past, zero, a);
+        h = scan16(a, b, zero);
+        float H[16], H1[16];
+        const v16f h1 = h + v;
+        memcpy(H, &h, 64);
+        memcpy(H1, &h1, 64);
+        for (ssz k = 0; k < m; k++) {
+            ((float *)po0)[t0 + k] = H[k];
+            if (po1) ((float *)po1)[t0 + k] = H1[k];
+        }
+    }
+    /* then 16 steps at a time, down to step 0 */
+    for (ssz t = t0 - 16; t >= 0; t -= 16) {
+        const v16f cv = __builtin_shuffle(h, bcast);
+        const v16f x = ld16(px + 4 * t);
+        v = pv ? ld16(pv + 4 * t) : zero;
+        const v16f nv = pn ? ld16(pn + 4 * t) : pv ? ld16(pv + 4 * (t + 1)) : zero;
+        const v16i te = ld_flag16(pte + fte * t, tb);
+        const v16i tr = ptr ? ld_flag16(ptr + ftr * t, rb) : none;
+        coefs16(gae, gf, lf, glf, x, v, nv, te, tr, none, &a, &b);
+        h = scan16(a, b, cv);
+        st16(po0 + 4 * t, h);
+        if (po1) st16(po1 + 4 * t, h + v);
+    }
+}
+
+/* streams [lo, hi), the loop compiled once per mode and flag kind */
+INLINE void fast_streams(const ctx_t *c, ssz lo, ssz hi) {
+    const int gae = c->mode == MODE_GAE, tb = c->te.kind == K_I8,
+              rb = !c->has_trunc || c->tr.kind == K_I8;
+#define STREAMS(G, TB, RB)                                                            \
+    for (ssz n = lo; n < hi; n++) fast_stream(c, n, G, TB, RB)
+    if (gae) {
+        if (tb && rb) STREAMS(1, 1, 1);
+        else if (tb) STREAMS(1, 1, 0);
+        else if (rb) STREAMS(1, 0, 1);
+        else STREAMS(1, 0, 0);
+    } else {
+        if (tb && rb) STREAMS(0, 1, 1);
+        else if (tb) STREAMS(0, 1, 0);
+        else if (rb) STREAMS(0, 0, 1);
+        else STREAMS(0, 0, 0);
+    }
+#undef STREAMS
+}
+
+/* the call can take the fast row walk: float32 rows contiguous in time, number
+ * coefficients, byte or float32 flags contiguous in time */
+static int fast_ok(const ctx_t *c) {
+    if (c->g_t || c->l_t) return 0;
+#define F32ROW(a) ((a).kind == K_F32 && (a).st == 4)
+    if (!F32ROW(c->x) || !F32ROW(c->o0)) return 0;
+    if (c->two_out && !F32ROW(c->o1)) return 0;
+    if (c->has_v && !F32ROW(c->v)) return 0;
+    if (c->has_nv && !F32ROW(c->nv)) return 0;
+#undef F32ROW
+#define FLAGROW(a) (((a).kind == K_I8 && (a).st == 1) || ((a).kind == K_F32 && (a).st == 4))
+    if (!FLAGROW(c->te)) return 0;
+    if (c->has_trunc && !FLAGROW(c->tr)) return 0;
+#undef FLAGROW
+    return 1;
+}
+#endif
+
 /* ------------------------------------------------------------------- column walk */
 
 typedef struct {
@@ -533,7 +720,28 @@ typedef struct {
     const ctx_t *c;
     ssz *next; /* the first unit nobody has taken */
     ssz units, chunk;
+    int failed;
 } job_t;
+
+/* Torch's OpenMP runtime, where the process has loaded one (libgomp.so.1: torch's Linux
+ * wheels ship and load it). Right after a torch op its workers spin on the other cores
+ * for a while, waiting for work: a thread of our own that shares a core with one of them
+ * is descheduled for a whole time slice, and the call waits for it (2-core VM, 4096 x
+ * 128 right after a torch op: 2.6 ms on two threads of ours against 0.93 on one). Given
+ * to that team, the work goes to the spinning workers themselves. Looked up once, with
+ * the GIL held; NULL where there is none (macOS, Windows, no torch): threads of our own. */
+typedef void (*gomp_parallel_t)(void (*)(void *), void *, unsigned, unsigned);
+static gomp_parallel_t gomp_parallel = NULL;
+static int gomp_looked = 0, use_gomp = 1;
+
+static void find_gomp(void) {
+#if !defined(_WIN32) && defined(RTLD_NOLOAD)
+    if (gomp_looked) return;
+    gomp_looked = 1;
+    void *h = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (h) gomp_parallel = (gomp_parallel_t)dlsym(h, "GOMP_parallel");
+#endif
+}
 
 static inline ssz take_units(const job_t *j) {
 #if defined(__GNUC__) || defined(__clang__)
@@ -561,7 +769,18 @@ MULTIVERSION static void *run_job(void *arg) {
             for (ssz b = lo; b < hi; b++) col_block(c, bf, b);
         }
         free(bf);
-    } else {
+    }
+#if VEC8
+    else if (c->fast) {
+        const ssz N2 = c->N2;
+        (void)N2;
+        for (ssz lo; (lo = take_units(j)) < j->units;) {
+            const ssz hi = lo + j->chunk < j->units ? lo + j->chunk : j->units;
+            fast_streams(c, lo, hi);
+        }
+    }
+#endif
+    else {
         rowbuf_t *bf = rowbuf_new(c);
         if (!bf) return (void *)1;
         for (ssz lo; (lo = take_units(j)) < j->units;) {
@@ -576,8 +795,15 @@ MULTIVERSION static void *run_job(void *arg) {
     return NULL;
 }
 
+static void gomp_job(void *arg) {
+    job_t *j = (job_t *)arg;
+    if (run_job(j) != NULL) __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+}
+
 static int run_all(ctx_t *c, int threads) {
-    const ssz units = c->columns ? c->nblocks : (c->nlanes + W - 1) / W;
+    const ssz units = c->columns ? c->nblocks
+                      : c->fast  ? c->N1 * c->N2
+                                 : (c->nlanes + W - 1) / W;
 #ifdef _WIN32
     threads = 1;
 #endif
@@ -591,18 +817,25 @@ static int run_all(ctx_t *c, int threads) {
     job.units = units;
     job.chunk = threads == 1 ? units : units / (8 * (ssz)threads);
     if (job.chunk < 1) job.chunk = 1;
+    job.failed = 0;
     int failed = 0;
 #ifndef _WIN32
-    pthread_t tid[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int i = 1; i < threads; i++)
-        started[i] = pthread_create(&tid[i], NULL, run_job, &job) == 0;
-    failed |= run_job(&job) != NULL; /* this thread takes its share (all, if none started) */
-    for (int i = 1; i < threads; i++) {
-        if (started[i]) {
-            void *r = NULL;
-            pthread_join(tid[i], &r);
-            failed |= r != NULL;
+    if (threads > 1 && use_gomp && gomp_parallel) {
+        /* torch's OpenMP team: this thread and its workers take units from the counter */
+        gomp_parallel(gomp_job, &job, (unsigned)threads, 0);
+        failed = __atomic_load_n(&job.failed, __ATOMIC_RELAXED);
+    } else {
+        pthread_t tid[MAX_THREADS];
+        int started[MAX_THREADS] = {0};
+        for (int i = 1; i < threads; i++)
+            started[i] = pthread_create(&tid[i], NULL, run_job, &job) == 0;
+        failed |= run_job(&job) != NULL; /* this thread takes its share (all, if none started) */
+        for (int i = 1; i < threads; i++) {
+            if (started[i]) {
+                void *r = NULL;
+                pthread_join(tid[i], &r);
+                failed |= r != NULL;
+            }
         }
     }
 #else
@@ -659,117 +892,197 @@ static int take(PyObject *obj, Py_buffer *b, int *held, arr_t *a, int ndim, int 
 static const char *const NAMES[10] = {"out0", "out1", "x", "v", "nv", "term", "trunc",
                                       "boot", "g", "lm"};
 
-/* scan(mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads,
- *      out0, out1, x, v, nv, term, trunc, boot, g, lm, gs, lms) */
-static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* The walk and its work units for a call whose arrays are in c (shapes, strides, kinds):
+ * the fast row walk, the column walk or the row walk (with segments for a few long
+ * streams). Depends on the shapes, strides and dtypes only, so a recorded call keeps it. */
+static void plan_walk(ctx_t *c, int threads) {
+    const ssz N = c->N1 * c->N2, T = c->T;
+    /* the rewards' contiguous axis decides the walk */
+    const ssz item = c->x.kind == K_F32 ? 4 : 8;
+    const ssz lane = c->N2 > 1 ? c->x.s1 : c->x.s0;
+    c->columns = T > 1 && N > 1 && llabs((long long)lane) == item &&
+                 llabs((long long)c->x.st) != item;
+    c->fast = 0;
+#if VEC8
+    c->fast = !c->columns && use_fast && fast_ok(c);
+#endif
+    c->h_end = NULL;
+    if (c->fast) {
+        c->S = 1;
+        c->seg = T;
+        c->nlanes = N;
+    } else if (c->columns) {
+        c->nblocks = c->N2 > 1 ? c->N1 * ((c->N2 + WC - 1) / WC) : (c->N1 + WC - 1) / WC;
+        c->S = 1;
+    } else {
+        /* a few long streams: cut each into segments so every thread has W lanes */
+        ssz S = 1;
+        if (T >= 1024 && N < (ssz)W * threads) {
+            S = ((ssz)W * threads + N - 1) / N;
+            if (S > T / 256) S = T / 256;
+            if (S < 1) S = 1;
+        }
+        c->seg = (T + S - 1) / S;
+        c->S = (T + c->seg - 1) / c->seg;
+        c->nlanes = N * c->S;
+    }
+}
+
+/* The elements from which a call takes more than one thread: with threads of our own,
+ * only large calls (starting one costs tens of us on a virtual machine, and one that
+ * shares a core with a spinning OpenMP worker of torch's loses a whole time slice, see
+ * find_gomp); with torch's OpenMP team, whose workers are already running, from calls of
+ * about 0.1 ms. */
+#ifndef MIN2_GOMP
+#define MIN2_GOMP (1 << 17)
+#endif
+#define MIN2_OWN (1 << 21)
+static int threads_for(const ctx_t *c, int threads) {
+    if (threads < 1) threads = 1;
+    find_gomp();
+    const ssz min2 = use_gomp && gomp_parallel ? MIN2_GOMP : MIN2_OWN;
+    if (c->N1 * c->N2 * c->T < min2) threads = 1;
+    return threads;
+}
+
+/* run a planned call (c: arrays and walk set); 0 done, -1 with a Python error set */
+static int execute(ctx_t *c, int threads) {
+    if (c->N1 * c->N2 == 0 || c->T == 0) return 0;
+    c->h_end = NULL;
+    if (!c->fast && !c->columns && c->S > 1) {
+        c->h_end = (double *)malloc(sizeof(double) * c->nlanes);
+        if (!c->h_end) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = run_all(c, threads);
+    Py_END_ALLOW_THREADS
+    free(c->h_end);
+    c->h_end = NULL;
+    if (failed) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* The arguments of scan() into c: 1 read (c planned), 0 an array's dtype this kernel
+ * does not read (nothing else done), -1 with a Python error set. The buffers taken are
+ * released before returning: the caller holds the arrays. */
+static int parse_call(PyObject *const *args, Py_ssize_t nargs, ctx_t *c, int *threads) {
     if (nargs != 21) {
         PyErr_SetString(PyExc_TypeError, "_cscan.scan takes 21 arguments");
-        return NULL;
+        return -1;
     }
     long iv[9];
     for (int i = 0; i < 9; i++) {
         iv[i] = PyLong_AsLong(args[i]);
-        if (iv[i] == -1 && PyErr_Occurred()) return NULL;
+        if (iv[i] == -1 && PyErr_Occurred()) return -1;
     }
-    ctx_t c;
-    memset(&c, 0, sizeof(c));
-    c.mode = (int)iv[0];
-    c.two_out = (int)iv[1];
-    c.has_v = (int)iv[2];
-    c.has_nv = (int)iv[3];
-    c.has_trunc = (int)iv[4];
-    c.has_boot = (int)iv[5];
-    c.g_t = (int)iv[6];
-    c.l_t = (int)iv[7];
-    int threads = (int)iv[8];
-    if (c.mode != MODE_GAE && c.mode != MODE_TDLAMBDA) {
+    memset(c, 0, sizeof(*c));
+    c->mode = (int)iv[0];
+    c->two_out = (int)iv[1];
+    c->has_v = (int)iv[2];
+    c->has_nv = (int)iv[3];
+    c->has_trunc = (int)iv[4];
+    c->has_boot = (int)iv[5];
+    c->g_t = (int)iv[6];
+    c->l_t = (int)iv[7];
+    if (c->mode != MODE_GAE && c->mode != MODE_TDLAMBDA) {
         PyErr_SetString(PyExc_ValueError, "_cscan.scan: mode must be GAE or TD(lambda)");
-        return NULL;
+        return -1;
     }
-    c.gs = PyFloat_AsDouble(args[19]);
-    if (c.gs == -1.0 && PyErr_Occurred()) return NULL;
-    c.lms = PyFloat_AsDouble(args[20]);
-    if (c.lms == -1.0 && PyErr_Occurred()) return NULL;
+    c->gs = PyFloat_AsDouble(args[19]);
+    if (c->gs == -1.0 && PyErr_Occurred()) return -1;
+    c->lms = PyFloat_AsDouble(args[20]);
+    if (c->lms == -1.0 && PyErr_Occurred()) return -1;
 
     Py_buffer bufs[10];
     int held[10] = {0};
-    arr_t *arrs[10] = {&c.o0, &c.o1, &c.x, &c.v, &c.nv, &c.te, &c.tr, &c.boot, &c.g, &c.lm};
-    const int want[10] = {1, c.two_out, 1, c.has_v, c.has_nv, 1, c.has_trunc, c.has_boot,
-                          c.g_t, c.l_t};
-    PyObject *ret = NULL;
-    for (int i = 0; i < 10; i++) {
+    arr_t *arrs[10] = {&c->o0, &c->o1, &c->x, &c->v, &c->nv, &c->te, &c->tr, &c->boot,
+                       &c->g, &c->lm};
+    const int want[10] = {1, c->two_out, 1, c->has_v, c->has_nv, 1, c->has_trunc,
+                          c->has_boot, c->g_t, c->l_t};
+    int ret = 1;
+    for (int i = 0; i < 10 && ret == 1; i++) {
         if (!want[i]) continue;
         const int r = take(args[9 + i], &bufs[i], &held[i], arrs[i], i == 7 ? 2 : 3, i < 2,
                            i != 5 && i != 6, NAMES[i]);
-        if (r < 0) goto done;
-        if (r > 0) {
-            ret = Py_False;
-            Py_INCREF(ret);
-            goto done;
-        }
+        if (r < 0) ret = -1;
+        else if (r > 0) ret = 0;
     }
-    {
-        Py_buffer *xb = &bufs[2];
-        c.N1 = xb->shape[0];
-        c.N2 = xb->shape[1];
-        c.T = xb->shape[2];
-        const ssz N = c.N1 * c.N2, T = c.T;
-        if (N == 0 || T == 0) {
-            ret = Py_True;
-            Py_INCREF(ret);
-            goto done;
-        }
-        if (threads < 1) threads = 1;
-        /* A second thread pays only on large calls: starting one costs tens of us on a
-         * virtual machine, and right after a torch op, torch's OpenMP workers spin on
-         * the other cores for a while; a thread of ours that shares a core with one is
-         * descheduled for a whole time slice, and the call waits for it (2-cores VM, at
-         * 4096 x 128 right after TorchRL's GAE: 2.6 ms on two threads, 0.93 on one). */
-        if (N * T < (1 << 21)) threads = 1;
-        /* the rewards' contiguous axis decides the walk */
-        const ssz item = c.x.kind == K_F32 ? 4 : 8;
-        const ssz lane = c.N2 > 1 ? c.x.s1 : c.x.s0;
-        c.columns = T > 1 && N > 1 && llabs((long long)lane) == item &&
-                    llabs((long long)c.x.st) != item;
-        if (c.columns) {
-            c.nblocks = c.N2 > 1 ? c.N1 * ((c.N2 + WC - 1) / WC) : (c.N1 + WC - 1) / WC;
-            c.S = 1;
-        } else {
-            /* a few long streams: cut each into segments so every thread has W lanes */
-            ssz S = 1;
-            if (T >= 1024 && N < (ssz)W * threads) {
-                S = ((ssz)W * threads + N - 1) / N;
-                if (S > T / 256) S = T / 256;
-                if (S < 1) S = 1;
-            }
-            c.S = S;
-            c.seg = (T + S - 1) / S;
-            c.S = (T + c.seg - 1) / c.seg;
-            c.nlanes = N * c.S;
-            if (c.S > 1) {
-                c.h_end = (double *)malloc(sizeof(double) * c.nlanes);
-                if (!c.h_end) {
-                    PyErr_NoMemory();
-                    goto done;
-                }
-            }
-        }
-        int failed;
-        Py_BEGIN_ALLOW_THREADS
-        failed = run_all(&c, threads);
-        Py_END_ALLOW_THREADS
-        free(c.h_end);
-        if (failed) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        ret = Py_True;
-        Py_INCREF(ret);
+    if (ret == 1) {
+        c->N1 = bufs[2].shape[0];
+        c->N2 = bufs[2].shape[1];
+        c->T = bufs[2].shape[2];
+        *threads = threads_for(c, (int)iv[8]);
+        plan_walk(c, *threads);
     }
-done:
     for (int i = 0; i < 10; i++)
         if (held[i]) PyBuffer_Release(&bufs[i]);
     return ret;
+}
+
+/* scan(mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads,
+ *      out0, out1, x, v, nv, term, trunc, boot, g, lm, gs, lms) */
+static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    ctx_t c;
+    int threads = 1;
+    const int r = parse_call(args, nargs, &c, &threads);
+    if (r < 0) return NULL;
+    if (r == 0) Py_RETURN_FALSE;
+    if (execute(&c, threads) < 0) return NULL;
+    Py_RETURN_TRUE;
+}
+
+/* A recorded call: what scan() would do with these arguments, kept as bytes (the ctx
+ * and the thread count); run() repeats it on other arrays of the same shapes, strides
+ * and dtypes, given by their data pointers. */
+typedef struct {
+    ctx_t c;
+    int threads;
+} prepared_t;
+
+/* prepare(<scan's arguments>): the recorded call as bytes, or None where scan() would
+ * return False */
+static PyObject *prepare(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    prepared_t pr;
+    memset(&pr, 0, sizeof(pr));
+    const int r = parse_call(args, nargs, &pr.c, &pr.threads);
+    if (r < 0) return NULL;
+    if (r == 0) Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)&pr, sizeof(pr));
+}
+
+/* run(prepared, gs, lms, out0, out1, x, v, nv, term, trunc, boot, g, lm): the recorded
+ * call on the arrays at these addresses (ints; 0 for an absent one); gamma and lambda
+ * numbers as given. The caller guarantees the arrays are those the recording saw, in
+ * shape, strides and dtype. */
+static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 13 || !PyBytes_Check(args[0]) ||
+        PyBytes_GET_SIZE(args[0]) != (Py_ssize_t)sizeof(prepared_t)) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.run(prepared, gs, lms, 10 addresses)");
+        return NULL;
+    }
+    prepared_t pr;
+    memcpy(&pr, PyBytes_AS_STRING(args[0]), sizeof(pr));
+    ctx_t *c = &pr.c;
+    c->gs = PyFloat_AsDouble(args[1]);
+    if (c->gs == -1.0 && PyErr_Occurred()) return NULL;
+    c->lms = PyFloat_AsDouble(args[2]);
+    if (c->lms == -1.0 && PyErr_Occurred()) return NULL;
+    arr_t *arrs[10] = {&c->o0, &c->o1, &c->x, &c->v, &c->nv, &c->te, &c->tr, &c->boot,
+                       &c->g, &c->lm};
+    for (int i = 0; i < 10; i++) {
+        void *p = PyLong_AsVoidPtr(args[3 + i]);
+        if (p == NULL && PyErr_Occurred()) return NULL;
+        if (arrs[i]->p) arrs[i]->p = (char *)p; /* absent arrays stay absent */
+    }
+    if (execute(c, pr.threads) < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 /* use_vector(flag): switch the vector recurrence (where the CPU has it) on or off;
@@ -785,10 +1098,50 @@ static PyObject *use_vector(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(was);
 }
 
+/* use_fast(flag): the fast row walk on or off; returns whether it was on. For tests: the
+ * other walks are then reached with the same data. */
+static PyObject *use_fast_(PyObject *self, PyObject *arg) {
+    const int was = use_fast, want = PyObject_IsTrue(arg);
+    if (want < 0) return NULL;
+    use_fast = want;
+    return PyBool_FromLong(was);
+}
+
+/* use_gomp(flag): torch's OpenMP team for the threads (where loaded) on or off; returns
+ * whether it was on. For tests: threads of our own are then reached. */
+static PyObject *use_gomp_(PyObject *self, PyObject *arg) {
+    const int was = use_gomp, want = PyObject_IsTrue(arg);
+    if (want < 0) return NULL;
+    use_gomp = want;
+    return PyBool_FromLong(was);
+}
+
+/* pool(): which threads a parallel call takes now: "openmp" (torch's team) or "own" */
+static PyObject *pool(PyObject *self, PyObject *unused) {
+    find_gomp();
+    return PyUnicode_FromString(use_gomp && gomp_parallel ? "openmp" : "own");
+}
+
 static PyMethodDef methods[] = {
+    {"use_gomp", use_gomp_, METH_O,
+     "use_gomp(flag): torch's OpenMP team for a call's threads (where loaded) on or off; "
+     "returns whether it was on (for tests)."},
+    {"pool", pool, METH_NOARGS,
+     "pool(): 'openmp' where a call's threads are torch's OpenMP team, 'own' where they "
+     "are threads of this module."},
+    {"use_fast", use_fast_, METH_O,
+     "use_fast(flag): the fast row walk (float32 rows contiguous in time) on or off; "
+     "returns whether it was on (for tests)."},
     {"use_vector", use_vector, METH_O,
      "use_vector(flag): the vector recurrence on (where the CPU has AVX-512) or off; "
      "returns whether it was on (for tests: both give the same bits)."},
+    {"prepare", (PyCFunction)(void (*)(void))prepare, METH_FASTCALL,
+     "prepare(<scan's 21 arguments>): the call recorded as bytes for run(), or None where "
+     "scan() would return False; nothing is computed."},
+    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
+     "run(prepared, gs, lms, out0, out1, x, v, nv, term, trunc, boot, g, lm): a prepared "
+     "call on the arrays at these addresses (ints, 0 for an absent one), of the shapes, "
+     "strides and dtypes that prepare() saw."},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads, out0, "
      "out1, x, v, nv, term, trunc, boot, g, lm, gs, lms): GAE or TD(lambda) into out0 "

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 
 
-def median_ms(fns, reps):
-    """Median ms of each of ``fns``, called in turn (interleaved) ``reps`` times after two
-    warm-up calls each. The order rotates every round, so that each function follows
-    each other one equally often: a call right after a peer's runs with the caches,
-    allocator and torch's spinning OpenMP workers as the peer left them, and no function
-    should always be the one that pays for it."""
+def median_ms(fns, reps, seed=0):
+    """Median ms of each of ``fns``, called interleaved ``reps`` times after two warm-up
+    calls each. Each round calls them in a fresh random order (seeded, so a run is
+    repeatable): a call right after another one runs with the caches, the allocator and
+    torch's spinning OpenMP workers as that one left them, so every function should
+    follow every other one about equally often. (A fixed order, even rotated between
+    rounds, keeps the same neighbours: the function listed after the peer would always
+    run right after it.)"""
     for fn in fns:
         fn()
         fn()
     times = [[] for _ in fns]
-    n = len(fns)
-    for rep in range(reps):
-        for k in range(n):
-            i = (rep + k) % n
+    order = list(range(len(fns)))
+    rng = random.Random(seed)
+    for _ in range(reps):
+        rng.shuffle(order)
+        for i in order:
             t0 = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - t0)

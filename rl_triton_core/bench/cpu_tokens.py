@@ -70,8 +70,8 @@ def _floors(r, v, m):
 
 
 def _interleaved_ms(fns, reps):
-    """Median ms of each callable, run round-robin ``reps`` times after two warm-ups (the
-    cpu_peers rule: the order rotates every round, so no callable always runs right
+    """Median ms of each callable, run interleaved ``reps`` times after two warm-ups (the
+    cpu_peers rule: a fresh random order every round, so no callable always runs right
     after the peer)."""
     return dict(zip(fns, median_ms(list(fns.values()), reps)))
 

@@ -133,15 +133,35 @@ def _bitwise(a, b):
         for x, y in zip(a, b))
 
 
-@pytest.fixture(params=["vector", "scalar"], autouse=True)
+WALK = {"fast": True}
+
+
+@pytest.fixture(params=["fast", "vector", "scalar"], autouse=True)
 def recurrence(request):
-    """Every test with the row walk's vector recurrence (where the CPU has AVX-512) and
-    with its scalar loop."""
+    """Every test with the fast row walk (float32 rows in float32, 16 steps a vector: within
+    tolerance of the reference, not numba's bits) and, with it switched off, with the row
+    walk's vector recurrence (where the CPU has AVX-512) and its scalar loop (numba's
+    bits). A recorded call keeps its walk: the plans are dropped at each switch."""
     from rl_triton_core import _cscan
 
-    was = _cscan.use_vector(request.param == "vector")
+    fast = request.param == "fast"
+    was = _cscan.use_vector(request.param != "scalar")
+    was_fast = _cscan.use_fast(fast)
+    WALK["fast"] = fast
+    _dispatch._PLANS.clear()
     yield
     _cscan.use_vector(was)
+    _cscan.use_fast(was_fast)
+    _dispatch._PLANS.clear()
+
+
+def _fast_walk(dtype, layout, flag_kind, opts):
+    """Whether a case takes the fast row walk: float32 data contiguous in time, gamma and
+    lambda numbers, bool / uint8 / float32 flags contiguous in time."""
+    return (WALK["fast"] and dtype == torch.float32 and layout not in (
+        "time-major", "time-major-features", "middle-axis")
+        and flag_kind in ("bool", "uint8", "float32")
+        and not {"strided", "gamma-tensor", "lmbda-tensor"} & set(opts))
 
 
 OPTS = [(), ("nv",), ("boot",), ("gamma-tensor", "lmbda-tensor"), ("nv", "strided"),
@@ -161,12 +181,18 @@ def test_c_kernel_equals_numba_and_reference(name, layout, monkeypatch):
         r, v, te, tr, kw = _inputs(g, layout, dtype, flag_kind, p_done, opts)
         before = [t.clone() for t in (r, v, te, tr)]
         ctx = f"{name} {layout[0]} {dtype} {flag_kind} {opts} p={p_done} seed={SEED}"
+        fast = _fast_walk(dtype, layout[0], flag_kind, opts)
+        first = None
         for threads in (1, 2):
             with rc.tuning(cpu_threads=threads):
                 got = _as_tuple(_call(name, r, v, te, tr, kw))
                 again = _as_tuple(_call(name, r, v, te, tr, kw))  # the recorded plan
-            want = _numba(lambda a=(r, v, te, tr, kw): _call(name, *a), monkeypatch)
-            assert _bitwise(got, want), ctx + f" threads={threads}: C != numba"
+            if fast:  # the same bits on any number of threads
+                first = first or got
+                assert _bitwise(got, first), ctx + f" threads={threads}: bits differ"
+            else:
+                want = _numba(lambda a=(r, v, te, tr, kw): _call(name, *a), monkeypatch)
+                assert _bitwise(got, want), ctx + f" threads={threads}: C != numba"
             assert _bitwise(again, got), ctx + ": the replayed call differs"
         expect = _as_tuple(_ref(name, r, v, te, tr, kw))
         tol = 1e-4 if dtype == torch.float32 else 1e-10
@@ -185,7 +211,10 @@ def test_out_poisoned_with_nan_is_overwritten(layout, monkeypatch):
     out = (torch.full(r.shape, float("nan")), torch.full(r.shape, float("nan")))
     got = _call("gae", r, v, te, tr, kw, out=out)
     assert got[0] is out[0] and got[1] is out[1]
-    want = _numba(lambda: _call("gae", r, v, te, tr, kw), monkeypatch)
+    if _fast_walk(torch.float32, lay[0], "bool", ()):
+        want = _call("gae", r, v, te, tr, kw)
+    else:
+        want = _numba(lambda: _call("gae", r, v, te, tr, kw), monkeypatch)
     assert _bitwise(got, want)
     assert not any(o.isnan().any() for o in out)
 
@@ -206,6 +235,7 @@ def test_segmented_stream_fixup_is_exact(resets, monkeypatch):
         for k in range(0, T, 625):
             te[k] = True
             te[max(k - 1, 0)] = True
+    r, v = r.double(), v.double()  # float64: the row walk (segments and fix-up)
     for threads in (1, 2):
         with rc.tuning(cpu_threads=threads):
             got = rc.gae(r, v, te, gamma=0.999, lmbda=0.99, time_dim=-1)
@@ -242,8 +272,10 @@ def test_forced_numba_and_unhandled_variants_take_numba(monkeypatch):
     (V-trace, traces), run the numba path; a plan recorded on one kernel is not replayed
     on the other after the switch."""
     calls = []
-    real = _cpu_c.run
+    real, real_prepared = _cpu_c.run, _cpu_c.run_prepared
     monkeypatch.setattr(_cpu_c, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(_cpu_c, "run_prepared",  # a replay of a recorded call
+                        lambda *a, **k: calls.append(1) or real_prepared(*a, **k))
     g = _gen(5)
     r, v = torch.randn(50, 8, generator=g), torch.randn(50, 8, generator=g)
     d = torch.rand(50, 8, generator=g) < 0.1
@@ -282,8 +314,24 @@ def test_two_threads_equal_numba(layout, monkeypatch):
     r, v = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
     te = torch.rand(shape, generator=g) < 0.002
     tr = (torch.rand(shape, generator=g) < 0.002).float()
+    from rl_triton_core import _cscan
+
     with rc.tuning(cpu_threads=2):
         got = rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95, time_dim=td)
+        was = _cscan.use_gomp(not _cscan.use_gomp(True))  # the other pool
+        _dispatch._PLANS.clear()
+        try:
+            other = rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95, time_dim=td)
+        finally:
+            _cscan.use_gomp(was)
+            _dispatch._PLANS.clear()
+    assert _bitwise(got, other), "torch's OpenMP team and threads of our own differ"
+    if layout != "time-major" and WALK["fast"]:  # the fast walk: against the reference
+        want = _as_tuple(_ref("gae", r, v, te, tr, dict(gamma=0.99, lmbda=0.95,
+                                                           time_dim=td)))
+        for x, e in zip(got, want):
+            np.testing.assert_allclose(x.numpy(), e.numpy(), rtol=1e-4, atol=1e-4)
+        return
     want = _numba(lambda: rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95, time_dim=td),
                   monkeypatch)
     assert _bitwise(got, want)
