@@ -35,17 +35,15 @@
  *    results are those of one sequential pass, bit for bit. (A segment without such a
  *    step is recomputed whole.)
  *
- * Work is split over threads (pthreads) with the GIL released.
+ * Work is split over threads (_cpool.h: torch's OpenMP team where loaded) with the GIL
+ * released.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
-#ifndef _WIN32
-#include <pthread.h>
-#include <dlfcn.h>
-#endif
+#include "_cpool.h"
 
 #define MODE_GAE 1
 #define MODE_TDLAMBDA 2
@@ -53,7 +51,6 @@
 #define W 8         /* lanes of the row walk */
 #define K 128       /* steps per chunk of the row walk */
 #define WC 256      /* streams per block of the column walk */
-#define MAX_THREADS 64
 
 typedef Py_ssize_t ssz;
 
@@ -472,19 +469,20 @@ MULTIVERSION static void row_fixup(const ctx_t *c, rowbuf_t *bf, ssz n) {
 
 /* ------------------------------------------------------------ the fast row walk */
 
-/* Rows of float32 data contiguous in time (batch-major data and flat streams: the common
- * case), gamma and lambda numbers, byte or float32 flags contiguous in time. Each stream
- * is walked on its own, backwards from its last step, 16 steps at a time, in float32 as
- * the GPU kernel computes float32 data:
+/* Float32 data in rows (batch-major data and flat streams: each stream's steps at one
+ * stride, any stride), computed in float32 as the GPU kernel computes float32 data. Each
+ * stream is walked on its own, backwards from its last step, 16 steps at a time:
  *   1. the 16 steps' alpha and beta, as one vector;
  *   2. their suffix maps (A_i, B_i) = (alpha_i, beta_i) o ... o (alpha_15, beta_15), by
  *      four rounds of lane shifts (an in-register scan: the same tree on every call);
  *   3. h_i = A_i + B_i c, with c the h of the step above the 16 (broadcast from lane 0
  *      of the previous vector).
- * Only step 3 is sequential, one multiply-add per 16 steps: one stream runs at the speed
- * of its loads and needs no segments, and the bits do not depend on the number of
- * threads (a stream is one thread's). Every composition selects where beta is 0: a done
- * step cuts everything, NaN and inf included. */
+ * Only step 3 is sequential, one multiply-add per 16 steps: a stream runs at the speed of
+ * its loads and needs no segments. The bits depend on the values only: not on the
+ * number of threads (a stream is one thread's), the strides, or the flags' dtype
+ * (contiguous float32 data and byte or float32 flags load as vectors, the rest one by
+ * one into the same vectors). Every composition selects where beta is 0: a done step
+ * cuts everything, NaN and inf included. */
 #if VEC8
 typedef float v16f __attribute__((vector_size(64)));
 typedef int v16i __attribute__((vector_size(64)));
@@ -494,22 +492,66 @@ INLINE v16f sel16(v16i m, v16f a, v16f b) { /* m ? a : b, lane by lane */
     return (v16f)(((v16i)a & m) | ((v16i)b & ~m));
 }
 
-INLINE v16f ld16(const char *p) {
-    v16f f;
-    memcpy(&f, p, sizeof(f));
+/* elements [t, t + m) of a stream's float32 or float64 array (base p, byte stride st) as
+ * float32 lanes 0..m-1, the others 0 */
+INLINE v16f ldf(const char *p, ssz st, int kind, ssz t, ssz m, const int cont) {
+    v16f f = {0};
+    if (cont && m == 16) {
+        memcpy(&f, p + 4 * t, sizeof(f));
+    } else if (m == 16 && kind == K_F32 && st == 4) {
+        memcpy(&f, p + 4 * t, sizeof(f));
+    } else if (kind == K_F32) {
+        for (ssz k = 0; k < m; k++) f[k] = *(const float *)(p + (t + k) * st);
+    } else {
+        for (ssz k = 0; k < m; k++) f[k] = (float)*(const double *)(p + (t + k) * st);
+    }
     return f;
 }
 
-INLINE void st16(char *p, v16f x) { memcpy(p, &x, sizeof(x)); }
+INLINE int flag_at(const char *q, int kind) { /* set where nonzero, NaN included */
+    switch (kind) {
+    case K_F32: return *(const float *)q != 0.0f;
+    case K_F64: return *(const double *)q != 0.0;
+    case K_I8: return *(const uint8_t *)q != 0;
+    case K_I16: return *(const int16_t *)q != 0;
+    case K_I32: return *(const int32_t *)q != 0;
+    default: return *(const int64_t *)q != 0;
+    }
+}
 
-/* a flag vector as a lane mask: set where nonzero (NaN included) */
-INLINE v16i ld_flag16(const char *p, int bytes) {
-    if (bytes) {
+/* flags [t, t + m) as a lane mask (-1 set), lanes past m clear */
+INLINE v16i ldm(const char *p, ssz st, int kind, ssz t, ssz m, const int cont) {
+    if (cont && m == 16 && kind == K_I8) {
         v16c b;
-        memcpy(&b, p, sizeof(b));
+        memcpy(&b, p + t, sizeof(b));
         return __builtin_convertvector(b != 0, v16i);
     }
-    return ld16(p) != 0.0f;
+    if (cont && m == 16) {
+        v16f f;
+        memcpy(&f, p + 4 * t, sizeof(f));
+        return f != 0.0f;
+    }
+    if (m == 16 && kind == K_I8 && st == 1) {
+        v16c b;
+        memcpy(&b, p + t, sizeof(b));
+        return __builtin_convertvector(b != 0, v16i);
+    }
+    if (m == 16 && kind == K_F32 && st == 4) {
+        v16f f;
+        memcpy(&f, p + 4 * t, sizeof(f));
+        return f != 0.0f;
+    }
+    v16i r = {0};
+    for (ssz k = 0; k < m; k++) r[k] = -flag_at(p + (t + k) * st, kind);
+    return r;
+}
+
+INLINE void stf(char *p, ssz st, ssz t, ssz m, v16f x, const int cont) {
+    if (m == 16 && (cont || st == 4)) {
+        memcpy(p + 4 * t, &x, sizeof(x));
+    } else {
+        for (ssz k = 0; k < m; k++) *(float *)(p + (t + k) * st) = x[k];
+    }
 }
 
 /* h of 16 steps from their alpha, beta and the carry cv (c in every lane) */
@@ -530,125 +572,145 @@ INLINE v16f scan16(v16f a, v16f b, v16f cv) {
     return sel16(b == 0.0f, a, a + b * cv);
 }
 
-/* alpha, beta of 16 steps (the formulas of coefs(), in float32); nonext: lanes with no
- * successor (TD(lambda)) */
-INLINE void coefs16(int gae, float gf, float lf, float glf, v16f x, v16f v, v16f nv,
-                    v16i te, v16i tr, v16i nonext, v16f *a, v16f *b) {
+/* one stream's arrays: base pointers, time strides, kinds */
+typedef struct {
+    const char *x, *v, *nv, *te, *tr, *g, *l;
+    char *o0, *o1;
+    ssz sx, sv, sn, ste, str, sg, sl, s0, s1;
+    int kv, kn, kte, ktr, kg, kl;
+} fs_t;
+
+/* 16 steps [t, t + m) from the carry cv: their h, stored; v_next: V_{t+m} (shifted
+ * values) where t + m < T, else the bootstrap (or 0) */
+INLINE v16f fast16(const ctx_t *c, const fs_t *f, ssz t, ssz m, v16f cv, float v_next,
+                   const int gae, const int cont) {
     const v16f zero = {0};
+    const v16i none = {0};
+    const v16f x = ldf(f->x, f->sx, K_F32, t, m, cont);
+    const v16f v = f->v ? ldf(f->v, f->sv, K_F32, t, m, cont) : zero;
+    v16f nv;
+    if (f->nv) {
+        nv = ldf(f->nv, f->sn, K_F32, t, m, cont);
+    } else if (m == 16 && f->v && t + 16 < c->T) {
+        nv = ldf(f->v, f->sv, K_F32, t + 1, 16, cont);
+    } else { /* V' = V_{t+1}, and at the last of the m steps V_{t+m} */
+        const v16i up = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+        nv = __builtin_shuffle(v, zero, up);
+        nv[m - 1] = v_next;
+    }
+    const v16i te = ldm(f->te, f->ste, f->kte, t, m, cont);
+    const v16i tr = f->tr ? ldm(f->tr, f->str, f->ktr, t, m, cont) : none;
+    const float gs = (float)c->gs, ls = (float)c->lms;
+    const v16f gv = !cont && f->g ? ldf(f->g, f->sg, f->kg, t, m, 0) : zero + gs;
+    const v16f lv = !cont && f->l ? ldf(f->l, f->sl, f->kl, t, m, 0) : zero + ls;
     const v16i done = te | tr;
+    v16f a, b;
     if (gae) {
-        *a = x + sel16(te, zero, gf * nv) - v;
-        *b = sel16(done, zero, zero + glf);
-    } else {
-        const v16f lc = sel16(nonext | done, zero, zero + lf);
-        *a = x + sel16(te, zero, gf * (1.0f - lc) * nv);
-        *b = sel16(te, zero, gf * lc);
+        a = x + sel16(te, zero, gv * nv) - v;
+        b = sel16(done, zero, gv * lv);
+    } else { /* TD(lambda): no successor past the stream's last step */
+        v16i nonext = none;
+        if (t + m >= c->T) nonext[m - 1] = -1;
+        const v16f lc = sel16(nonext | done, zero, lv);
+        a = x + sel16(te, zero, gv * (1.0f - lc) * nv);
+        b = sel16(te, zero, gv * lc);
     }
+    if (m < 16) { /* lanes past the stream's end: alpha 0 (h_T = 0), beta 1 */
+        for (ssz k = m; k < 16; k++) {
+            a[k] = 0.0f;
+            b[k] = 1.0f;
+        }
+    }
+    const v16f h = scan16(a, b, cv);
+    stf(f->o0, f->s0, t, m, h, cont);
+    if (f->o1) stf(f->o1, f->s1, t, m, h + v, cont);
+    return h;
 }
 
-/* stream n; GAE (gae = 1) or TD(lambda), byte flags (tb, rb = 1) or float32 ones */
-INLINE void fast_stream(const ctx_t *c, ssz n, const int gae, const int tb, const int rb) {
+/* stream n */
+INLINE void fast_stream(const ctx_t *c, ssz n, const int gae, const int cont) {
     const ssz N2 = c->N2, T = c->T;
-    const char *px = c->x.p + off3(&c->x, n, N2);
-    const char *pv = c->has_v ? c->v.p + off3(&c->v, n, N2) : NULL;
-    const char *pn = c->has_nv ? c->nv.p + off3(&c->nv, n, N2) : NULL;
-    const char *pte = c->te.p + off3(&c->te, n, N2);
-    const char *ptr = c->has_trunc ? c->tr.p + off3(&c->tr, n, N2) : NULL;
-    char *po0 = c->o0.p + off3(&c->o0, n, N2);
-    char *po1 = c->two_out ? c->o1.p + off3(&c->o1, n, N2) : NULL;
-    const ssz fte = tb ? 1 : 4, ftr = rb ? 1 : 4;
-    const float gf = (float)c->gs, lf = (float)c->lms, glf = (float)(c->gs * c->lms);
+    fs_t f;
+    memset(&f, 0, sizeof(f));
+    f.x = c->x.p + off3(&c->x, n, N2);
+    f.sx = c->x.st;
+    if (c->has_v) {
+        f.v = c->v.p + off3(&c->v, n, N2);
+        f.sv = c->v.st;
+        f.kv = c->v.kind;
+    }
+    if (c->has_nv) {
+        f.nv = c->nv.p + off3(&c->nv, n, N2);
+        f.sn = c->nv.st;
+        f.kn = c->nv.kind;
+    }
+    f.te = c->te.p + off3(&c->te, n, N2);
+    f.ste = c->te.st;
+    f.kte = c->te.kind;
+    if (c->has_trunc) {
+        f.tr = c->tr.p + off3(&c->tr, n, N2);
+        f.str = c->tr.st;
+        f.ktr = c->tr.kind;
+    }
+    if (c->g_t) {
+        f.g = c->g.p + off3(&c->g, n, N2);
+        f.sg = c->g.st;
+        f.kg = c->g.kind;
+    }
+    if (c->l_t) {
+        f.l = c->lm.p + off3(&c->lm, n, N2);
+        f.sl = c->lm.st;
+        f.kl = c->lm.kind;
+    }
+    f.o0 = c->o0.p + off3(&c->o0, n, N2);
+    f.s0 = c->o0.st;
+    if (c->two_out) {
+        f.o1 = c->o1.p + off3(&c->o1, n, N2);
+        f.s1 = c->o1.st;
+    }
     const v16f zero = {0};
-    const v16i none = {0}, bcast = {0};
-    v16f a, b, h, v;
-
-    /* the top 16 steps, or fewer: [t0, T), m lanes, through buffers; lanes past T have
-     * alpha = 0, so the top step sees h_T = 0 */
+    const v16i bcast = {0};
+    /* the top 16 steps, or fewer: [t0, T), m of them, from h_T = 0 */
     const ssz q = (T - 1) / 16, t0 = 16 * q, m = T - t0;
-    {
-        float X[16] = {0}, V[17] = {0}, NV[16] = {0};
-        v16i te = none, tr = none, last = none, past = none;
-        for (ssz k = 0; k < m; k++) {
-            const ssz t = t0 + k;
-            X[k] = ((const float *)px)[t];
-            if (pv) V[k] = ((const float *)pv)[t];
-            if (pn) NV[k] = ((const float *)pn)[t];
-            te[k] = tb ? -(pte[t] != 0) : -(((const float *)pte)[t] != 0.0f);
-            if (ptr) tr[k] = rb ? -(ptr[t] != 0) : -(((const float *)ptr)[t] != 0.0f);
-        }
-        for (ssz k = 0; k < 16; k++) {
-            past[k] = -(k >= m);
-            last[k] = -(k >= m - 1);
-        }
-        if (!pn) {
-            V[m] = c->has_boot ? (float)get1(&c->boot, off3(&c->boot, n, N2)) : 0.0f;
-            for (ssz k = 0; k < 16; k++) NV[k] = V[k + 1];
-        }
-        v16f x, nv;
-        memcpy(&x, X, 64);
-        memcpy(&v, V, 64);
-        memcpy(&nv, NV, 64);
-        coefs16(gae, gf, lf, glf, x, v, nv, te, tr, last, &a, &b);
-        a = sel16(past, zero, a);
-        h = scan16(a, b, zero);
-        float H[16], H1[16];
-        const v16f h1 = h + v;
-        memcpy(H, &h, 64);
-        memcpy(H1, &h1, 64);
-        for (ssz k = 0; k < m; k++) {
-            ((float *)po0)[t0 + k] = H[k];
-            if (po1) ((float *)po1)[t0 + k] = H1[k];
-        }
-    }
+    const float boot =
+        !c->has_nv && c->has_boot ? (float)get1(&c->boot, off3(&c->boot, n, N2)) : 0.0f;
+    v16f h = fast16(c, &f, t0, m, zero, boot, gae, cont);
     /* then 16 steps at a time, down to step 0 */
-    for (ssz t = t0 - 16; t >= 0; t -= 16) {
-        const v16f cv = __builtin_shuffle(h, bcast);
-        const v16f x = ld16(px + 4 * t);
-        v = pv ? ld16(pv + 4 * t) : zero;
-        const v16f nv = pn ? ld16(pn + 4 * t) : pv ? ld16(pv + 4 * (t + 1)) : zero;
-        const v16i te = ld_flag16(pte + fte * t, tb);
-        const v16i tr = ptr ? ld_flag16(ptr + ftr * t, rb) : none;
-        coefs16(gae, gf, lf, glf, x, v, nv, te, tr, none, &a, &b);
-        h = scan16(a, b, cv);
-        st16(po0 + 4 * t, h);
-        if (po1) st16(po1 + 4 * t, h + v);
-    }
+    for (ssz t = t0 - 16; t >= 0; t -= 16)
+        h = fast16(c, &f, t, 16, __builtin_shuffle(h, bcast), 0.0f, gae, cont);
 }
 
-/* streams [lo, hi), the loop compiled once per mode and flag kind */
+/* every array contiguous in time, byte or float32 flags, gamma and lambda numbers: the
+ * loop with vector loads only */
+static int fast_contiguous(const ctx_t *c) {
+    if (c->x.st != 4 || c->o0.st != 4 || (c->two_out && c->o1.st != 4)) return 0;
+    if ((c->has_v && c->v.st != 4) || (c->has_nv && c->nv.st != 4)) return 0;
+    if (c->g_t || c->l_t) return 0;
+#define FLAGROW(a) (((a).kind == K_I8 && (a).st == 1) || ((a).kind == K_F32 && (a).st == 4))
+    if (!FLAGROW(c->te) || (c->has_trunc && !FLAGROW(c->tr))) return 0;
+    if (c->has_trunc && c->te.kind != c->tr.kind) return 0;
+#undef FLAGROW
+    return 1;
+}
+
+/* streams [lo, hi), the loop compiled once per mode, contiguous or not */
 INLINE void fast_streams(const ctx_t *c, ssz lo, ssz hi) {
-    const int gae = c->mode == MODE_GAE, tb = c->te.kind == K_I8,
-              rb = !c->has_trunc || c->tr.kind == K_I8;
-#define STREAMS(G, TB, RB)                                                            \
-    for (ssz n = lo; n < hi; n++) fast_stream(c, n, G, TB, RB)
-    if (gae) {
-        if (tb && rb) STREAMS(1, 1, 1);
-        else if (tb) STREAMS(1, 1, 0);
-        else if (rb) STREAMS(1, 0, 1);
-        else STREAMS(1, 0, 0);
-    } else {
-        if (tb && rb) STREAMS(0, 1, 1);
-        else if (tb) STREAMS(0, 1, 0);
-        else if (rb) STREAMS(0, 0, 1);
-        else STREAMS(0, 0, 0);
-    }
+    const int gae = c->mode == MODE_GAE, cont = fast_contiguous(c);
+#define STREAMS(G, C)                                                                 \
+    for (ssz n = lo; n < hi; n++) fast_stream(c, n, G, C)
+    if (gae && cont) STREAMS(1, 1);
+    else if (gae) STREAMS(1, 0);
+    else if (cont) STREAMS(0, 1);
+    else STREAMS(0, 0);
 #undef STREAMS
 }
 
-/* the call can take the fast row walk: float32 rows contiguous in time, number
- * coefficients, byte or float32 flags contiguous in time */
+/* the call can take the fast row walk: float32 data and outputs */
 static int fast_ok(const ctx_t *c) {
-    if (c->g_t || c->l_t) return 0;
-#define F32ROW(a) ((a).kind == K_F32 && (a).st == 4)
-    if (!F32ROW(c->x) || !F32ROW(c->o0)) return 0;
-    if (c->two_out && !F32ROW(c->o1)) return 0;
-    if (c->has_v && !F32ROW(c->v)) return 0;
-    if (c->has_nv && !F32ROW(c->nv)) return 0;
-#undef F32ROW
-#define FLAGROW(a) (((a).kind == K_I8 && (a).st == 1) || ((a).kind == K_F32 && (a).st == 4))
-    if (!FLAGROW(c->te)) return 0;
-    if (c->has_trunc && !FLAGROW(c->tr)) return 0;
-#undef FLAGROW
+    if (c->x.kind != K_F32 || c->o0.kind != K_F32) return 0;
+    if (c->two_out && c->o1.kind != K_F32) return 0;
+    if (c->has_v && c->v.kind != K_F32) return 0;
+    if (c->has_nv && c->nv.kind != K_F32) return 0;
     return 1;
 }
 #endif
@@ -723,26 +785,6 @@ typedef struct {
     int failed;
 } job_t;
 
-/* Torch's OpenMP runtime, where the process has loaded one (libgomp.so.1: torch's Linux
- * wheels ship and load it). Right after a torch op its workers spin on the other cores
- * for a while, waiting for work: a thread of our own that shares a core with one of them
- * is descheduled for a whole time slice, and the call waits for it (2-core VM, 4096 x
- * 128 right after a torch op: 2.6 ms on two threads of ours against 0.93 on one). Given
- * to that team, the work goes to the spinning workers themselves. Looked up once, with
- * the GIL held; NULL where there is none (macOS, Windows, no torch): threads of our own. */
-typedef void (*gomp_parallel_t)(void (*)(void *), void *, unsigned, unsigned);
-static gomp_parallel_t gomp_parallel = NULL;
-static int gomp_looked = 0, use_gomp = 1;
-
-static void find_gomp(void) {
-#if !defined(_WIN32) && defined(RTLD_NOLOAD)
-    if (gomp_looked) return;
-    gomp_looked = 1;
-    void *h = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (h) gomp_parallel = (gomp_parallel_t)dlsym(h, "GOMP_parallel");
-#endif
-}
-
 static inline ssz take_units(const job_t *j) {
 #if defined(__GNUC__) || defined(__clang__)
     return __atomic_fetch_add(j->next, j->chunk, __ATOMIC_RELAXED);
@@ -795,21 +837,23 @@ MULTIVERSION static void *run_job(void *arg) {
     return NULL;
 }
 
-static void gomp_job(void *arg) {
+static void pool_job(void *arg) {
     job_t *j = (job_t *)arg;
-    if (run_job(j) != NULL) __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+    if (run_job(j) != NULL) {
+#if defined(__GNUC__) || defined(__clang__)
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+#else
+        j->failed = 1;
+#endif
+    }
 }
 
 static int run_all(ctx_t *c, int threads) {
     const ssz units = c->columns ? c->nblocks
                       : c->fast  ? c->N1 * c->N2
                                  : (c->nlanes + W - 1) / W;
-#ifdef _WIN32
-    threads = 1;
-#endif
     if (threads > units) threads = (int)units;
     if (threads < 1) threads = 1;
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
     ssz next = 0;
     job_t job;
     job.c = c;
@@ -818,29 +862,8 @@ static int run_all(ctx_t *c, int threads) {
     job.chunk = threads == 1 ? units : units / (8 * (ssz)threads);
     if (job.chunk < 1) job.chunk = 1;
     job.failed = 0;
-    int failed = 0;
-#ifndef _WIN32
-    if (threads > 1 && use_gomp && gomp_parallel) {
-        /* torch's OpenMP team: this thread and its workers take units from the counter */
-        gomp_parallel(gomp_job, &job, (unsigned)threads, 0);
-        failed = __atomic_load_n(&job.failed, __ATOMIC_RELAXED);
-    } else {
-        pthread_t tid[MAX_THREADS];
-        int started[MAX_THREADS] = {0};
-        for (int i = 1; i < threads; i++)
-            started[i] = pthread_create(&tid[i], NULL, run_job, &job) == 0;
-        failed |= run_job(&job) != NULL; /* this thread takes its share (all, if none started) */
-        for (int i = 1; i < threads; i++) {
-            if (started[i]) {
-                void *r = NULL;
-                pthread_join(tid[i], &r);
-                failed |= r != NULL;
-            }
-        }
-    }
-#else
-    failed = run_job(&job) != NULL;
-#endif
+    pool_run(pool_job, &job, threads);
+    const int failed = job.failed;
     if (!failed && c->h_end && c->S > 1) {
         rowbuf_t *bf = rowbuf_new(c);
         if (!bf) return 1;
@@ -931,7 +954,7 @@ static void plan_walk(ctx_t *c, int threads) {
 /* The elements from which a call takes more than one thread: with threads of our own,
  * only large calls (starting one costs tens of us on a virtual machine, and one that
  * shares a core with a spinning OpenMP worker of torch's loses a whole time slice, see
- * find_gomp); with torch's OpenMP team, whose workers are already running, from calls of
+ * _cpool.h); with torch's OpenMP team, whose workers are already running, from calls of
  * about 0.1 ms. */
 #ifndef MIN2_GOMP
 #define MIN2_GOMP (1 << 17)
@@ -939,8 +962,7 @@ static void plan_walk(ctx_t *c, int threads) {
 #define MIN2_OWN (1 << 21)
 static int threads_for(const ctx_t *c, int threads) {
     if (threads < 1) threads = 1;
-    find_gomp();
-    const ssz min2 = use_gomp && gomp_parallel ? MIN2_GOMP : MIN2_OWN;
+    const ssz min2 = pool_is_gomp() ? MIN2_GOMP : MIN2_OWN;
     if (c->N1 * c->N2 * c->T < min2) threads = 1;
     return threads;
 }
@@ -1110,16 +1132,15 @@ static PyObject *use_fast_(PyObject *self, PyObject *arg) {
 /* use_gomp(flag): torch's OpenMP team for the threads (where loaded) on or off; returns
  * whether it was on. For tests: threads of our own are then reached. */
 static PyObject *use_gomp_(PyObject *self, PyObject *arg) {
-    const int was = use_gomp, want = PyObject_IsTrue(arg);
+    const int was = pool_use_gomp, want = PyObject_IsTrue(arg);
     if (want < 0) return NULL;
-    use_gomp = want;
+    pool_use_gomp = want;
     return PyBool_FromLong(was);
 }
 
 /* pool(): which threads a parallel call takes now: "openmp" (torch's team) or "own" */
 static PyObject *pool(PyObject *self, PyObject *unused) {
-    find_gomp();
-    return PyUnicode_FromString(use_gomp && gomp_parallel ? "openmp" : "own");
+    return PyUnicode_FromString(pool_is_gomp() ? "openmp" : "own");
 }
 
 static PyMethodDef methods[] = {

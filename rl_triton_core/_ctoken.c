@@ -5,7 +5,8 @@
  *
  * Plain C99 against Python.h: arrays come through the buffer protocol (numpy views of
  * torch tensors, [R, P], any strides; bfloat16 as the int16 view of its bits). The GIL
- * is released for the computation; responses are split over POSIX threads.
+ * is released for the computation; responses are split over threads (_cpool.h: torch's
+ * OpenMP team where loaded, else POSIX threads).
  *
  * One call, run(), does what _token_cpu's scan + finish + whiten do in three numba calls:
  *   1. the scan of every response (last token first), writing the outputs and, where the
@@ -35,6 +36,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #endif
+#include "_cpool.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(_M_X64)) && !defined(_WIN32)
 #define CT_AVX2 1
@@ -684,7 +686,7 @@ typedef struct {
 
 /* take chunks of responses until none is left: a thread slowed down (another process on
    its core) takes fewer, so the call does not wait on a fixed half */
-static void *worker(void *arg) {
+static void worker(void *arg) {
     Work *w = (Work *)arg;
     for (;;) {
 #if defined(__GNUC__)
@@ -698,16 +700,15 @@ static void *worker(void *arg) {
         Py_ssize_t hi = lo + w->chunk < w->c->n ? lo + w->chunk : w->c->n;
         run_phase(w->c, w->phase, lo, hi);
     }
-    return NULL;
 }
 
-/* responses [0, n) in chunks over `threads` threads (the caller's one of them); chunks
-   of whole 8-response groups for the AVX2 path, about 64K tokens each */
+/* responses [0, n) in chunks over `threads` threads (the caller's one of them; _cpool.h:
+   torch's OpenMP team where loaded); chunks of whole 8-response groups for the AVX2 path,
+   about 64K tokens each */
 static void parallel(const Ctx *c, int phase, int threads) {
     Py_ssize_t n = c->n;
     if (threads > MAX_THREADS)
         threads = MAX_THREADS;
-#ifndef _WIN32
     if (threads > 1 && n > 1) {
         Py_ssize_t per = c->rows ? 1 : (c->P > 0 ? c->P : 1);
         Py_ssize_t chunk = ((Py_ssize_t)1 << 16) / per;
@@ -719,17 +720,9 @@ static void parallel(const Ctx *c, int phase, int threads) {
         if (c->vec)
             chunk = (chunk + 7) / 8 * 8;
         Work w = {c, phase, chunk, 0};
-        pthread_t tid[MAX_THREADS];
-        int nt = 0;
-        for (int t = 1; t < threads; t++)
-            if (pthread_create(&tid[nt], NULL, worker, &w) == 0)
-                nt++;
-        worker(&w);
-        for (int t = 0; t < nt; t++)
-            pthread_join(tid[t], NULL);
+        pool_run(worker, &w, threads);
         return;
     }
-#endif
     run_phase(c, phase, 0, n);
 }
 
@@ -984,6 +977,7 @@ static PyObject *run(PyObject *self, PyObject *args) {
                           ((uintptr_t)c.o1.p & 63) == 0));
     if (mode != STATS)
         c.src = c.o0; /* the whitening reads the stored advantages back */
+    pool_find(); /* with the GIL held */
     if (c.n > 0) {
         Py_BEGIN_ALLOW_THREADS
         parallel(&c, mode == STATS ? PH_ROWSTATS : PH_SCAN, threads);
