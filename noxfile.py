@@ -1,4 +1,5 @@
-"""Sessions: tests, extras, lint, demo, bench, docs, compat.  Run `python3 -m nox -s <name>`.
+"""Sessions: tests, tests_long, extras, lint, demo, bench, docs, compat.
+Run `python3 -m nox -s <name>`.
 
 torch is pinned and installed first, explicitly: a bare `torch` requirement
 would pull a multi-GB CUDA build on a CPU-only machine. Without an NVIDIA GPU, torch

@@ -61,7 +61,8 @@ class Args:
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=False`"""
+    """deterministic cuDNN kernels (`torch.backends.cudnn.deterministic`); off with
+    --no-torch-deterministic"""
     cuda: bool = True
     """use the GPU when there is one (--no-cuda: the CPU); without one the run uses the CPU"""
     num_threads: int = 1

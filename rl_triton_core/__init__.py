@@ -7,13 +7,16 @@ eligibility traces, episodic sums) is a first-order linear recurrence
     forward:   h_t = alpha_t + beta_t * h_{t-1},   h_{-1} = init
 
 whose coefficients are built from the raw inputs inside one Triton kernel on CUDA
-tensors, or inside one compiled (numba) loop on CPU tensors.
+tensors, or inside one compiled loop on CPU tensors: C, built at install, for GAE,
+TD(lambda), discounted returns and the token-level estimators; numba for the rest (and
+for all where the C kernels were not built).
 
 Layers, each importing only those below it: ``estimators`` (the public functions:
 signatures, docstrings) -> ``_ops`` (one custom op per estimator, for torch.compile)
 -> ``_autograd`` (the autograd Functions and backward passes) -> ``_call`` (checks and
 the cached launch) -> ``_dispatch`` (the backend) -> ``_launch`` and ``_kernel`` (Triton,
-imported on first CUDA use) or ``_cpu`` (numba); ``_table`` (one row per estimator),
+imported on first CUDA use) or the CPU path: ``_cpu_c`` (the C kernel ``_cscan``),
+``_cpu_first`` and ``_cpu`` (numba); ``_table`` (one row per estimator),
 ``_config`` (the tuning knobs), ``_report`` (what ran), ``_layout`` and ``_validate``
 serve them all.
 """

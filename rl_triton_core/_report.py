@@ -1,7 +1,7 @@
 """What ran: the backend a call takes, and the versions behind it.
 
     >>> import torch, rl_triton_core as rc
-    >>> rc.backend_for(torch.zeros(3))      # CPU tensors: the numba path
+    >>> rc.backend_for(torch.zeros(3))      # CPU tensors: the CPU path
     'numba'
     >>> print(rc.describe(torch.zeros(3)))  # doctest: +SKIP
 """
@@ -22,10 +22,18 @@ def backend_for(x) -> str:
     """The backend an estimator call on ``x`` (a tensor, or a device) takes.
 
     Returns ``"triton"`` (the Triton kernels, compiled for the GPU: CUDA tensors),
-    ``"numba"`` (the compiled CPU path: CPU tensors), or ``"interpreter"`` (the Triton
-    kernels run by Triton's interpreter on CPU tensors: ``RL_TRITON_CORE_BACKEND=triton``
-    with ``TRITON_INTERPRET=1``, for testing kernel logic without a GPU, and slow).
-    Reads ``RL_TRITON_CORE_BACKEND`` as a call does (ValueError for a bad value).
+    ``"numba"`` (the CPU path: CPU tensors; it runs the C kernels built at install for
+    GAE, TD(lambda), discounted returns and the token-level estimators, and numba loops
+    for the rest, or for all where the C kernels were not built: [`describe`][] says
+    which), or ``"interpreter"`` (the Triton kernels run by Triton's interpreter on CPU
+    tensors: ``RL_TRITON_CORE_BACKEND=triton`` with ``TRITON_INTERPRET=1``, for testing
+    kernel logic without a GPU, and slow). Reads ``RL_TRITON_CORE_BACKEND`` as a call
+    does (ValueError for a bad value).
+
+    Examples:
+        >>> import torch, rl_triton_core as rc
+        >>> rc.backend_for(torch.zeros(3))
+        'numba'
     """
     if isinstance(x, torch.Tensor):
         device = x.device
@@ -58,8 +66,18 @@ def _cpu_kernels() -> str:
 
 def describe(x=None) -> str:
     """A short report for bug reports and logs: the library's, torch's, Triton's and
-    numba's versions, the GPU, the backend settings and, for ``x`` (a tensor or a
-    device), the device and the backend a call on it takes (:func:`backend_for`)."""
+    numba's versions, which CPU kernels are built, the GPU, the backend settings and,
+    for ``x`` (a tensor or a device), the device and the backend a call on it takes
+    ([`backend_for`][]).
+
+    Examples:
+        >>> import rl_triton_core as rc
+        >>> report = rc.describe("cpu")  # print(report) in a bug report
+        >>> report.splitlines()[0] == f"rl_triton_core {rc.__version__}"
+        True
+        >>> any(line.startswith("CPU kernels: ") for line in report.splitlines())
+        True
+    """
     from rl_triton_core import __version__
 
     lines = [f"rl_triton_core {__version__}", f"torch {torch.__version__}"

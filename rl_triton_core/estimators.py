@@ -94,7 +94,8 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
     Args:
         rewards: ``[..., T, ...]`` rewards $r_t$, time axis at ``time_dim``.
         values: same shape, $V(s_t)$.
-        terminated: flags (bool/uint8/float), broadcastable to rewards: $s_{t+1}$ is terminal.
+        terminated: flags (bool, integer or float; nonzero is set), broadcastable to
+            rewards: $s_{t+1}$ is terminal.
         truncated: optional flags: the episode was cut after step t (bootstraps from $V'_t$).
         next_values: optional, same shape: $V(s_{t+1})$ of the true successor.
         bootstrap_value: optional, the shape without the time axis: $V'_{T-1}$ when

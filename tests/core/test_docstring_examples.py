@@ -4,11 +4,12 @@ import doctest
 
 import pytest
 
+import rl_triton_core._report as report
 import rl_triton_core.estimators as estimators
 import rl_triton_core.groups as groups
 import rl_triton_core.tokens as tokens
 
-PUBLIC = [(m, name) for m in (estimators, tokens, groups) for name in m.__all__]
+PUBLIC = [(m, name) for m in (estimators, tokens, groups, report) for name in m.__all__]
 
 
 @pytest.mark.parametrize("module,name", PUBLIC, ids=[n for _, n in PUBLIC])
