@@ -1,10 +1,7 @@
 /* The CPU path's scan kernel for GAE and TD(lambda), in C: no JIT, so a fresh process
  * computes its first call at full speed.
  *
- * The recurrence runs backwards in time, h_t = alpha_t + beta_t h_{t+1} (h_T = 0), with
- * the coefficients of rl_triton_core/_cpu.py (_coefficients), in float64, in the same
- * order of operations and without fused multiply-adds (compiled with
- * -ffp-contract=off): every output is bit for bit the numba loop's.
+ * The recurrence runs backwards in time, h_t = alpha_t + beta_t h_{t+1} (h_T = 0):
  *
  *   GAE:        alpha = (r + [not te] gamma V') - V       beta = [not done] gamma lambda
  *               out0 = h (the advantage), out1 = h + V (the value target)
@@ -12,13 +9,21 @@
  *               alpha = r + [not te] gamma (1 - l') V'      beta = [not te] gamma l'
  *               out0 = h (the return)
  *
+ * Float32 data is computed in float32, as the GPU kernel computes it, by the fast walks
+ * (fast_stream: a stream 16 steps a vector, with an in-register scan; fastcol_block: 16
+ * time-major streams a vector). Float64 data is computed with the coefficients of
+ * rl_triton_core/_cpu.py (_coefficients), in float64, in the same order of operations
+ * and without fused multiply-adds (compiled with -ffp-contract=off): every output is bit
+ * for bit the numba loop's.
+ *
  * V' is next_values where given, else V_{t+1} (at t = T - 1 the bootstrap, or 0). A set
  * flag (nonzero, in the flag's own dtype) cuts by a select, never by a product: 0 * NaN
  * is NaN. h = alpha exactly where beta is 0.
  *
  * Arrays arrive as [N1, N2, T] strided views (numpy, through the buffer protocol), any
  * strides, any float32 / float64 data and any bool / integer / float flags. Two ways
- * through memory, chosen by which axis of the rewards is contiguous:
+ * through memory, chosen by which axis of the rewards is contiguous (float32 data takes
+ * the fast walk of the same kind, further below; float64 data these):
  *
  *  - columns (time-major data, streams contiguous): a block of streams advances one
  *    step at a time; every load, the recurrence and every store are vectorised across
@@ -96,6 +101,7 @@ typedef struct {
     double *h_end; /* per lane: h at its lowest step (segmented streams) */
     int columns;
     int fast; /* the fast row walk (fast_stream): a stream a unit */
+    int fastcol; /* the fast column walk (fastcol_block): WF streams a unit */
     ssz nblocks;
 } ctx_t;
 
@@ -680,6 +686,92 @@ INLINE void fast_stream(const ctx_t *c, ssz n, const int gae, const int cont) {
         h = fast16(c, &f, t, 16, __builtin_shuffle(h, bcast), 0.0f, gae, cont);
 }
 
+/* The fast column walk: float32 time-major data (the streams contiguous at each step),
+ * in float32. A block of WF streams advances one step at a time, 16 streams a vector:
+ * h = alpha + beta h, a select where beta is 0. Loads and stores are vectors where the
+ * streams are contiguous (byte or float32 flags), one by one otherwise. */
+#define WF 128
+
+/* the block's first stream and width (as col_block) */
+INLINE void fastcol_range(const ctx_t *c, ssz blk, ssz *n0, ssz *w) {
+    const ssz N2 = c->N2;
+    if (N2 > 1) {
+        const ssz per = (N2 + WF - 1) / WF;
+        const ssz i = blk / per, j0 = (blk % per) * WF;
+        *n0 = i * N2 + j0;
+        *w = N2 - j0 < WF ? N2 - j0 : WF;
+    } else {
+        *n0 = blk * WF;
+        *w = c->N1 - *n0 < WF ? c->N1 - *n0 : WF;
+    }
+}
+
+INLINE void fastcol_block(const ctx_t *c, ssz blk, const int gae) {
+    const ssz N2 = c->N2, T = c->T;
+    ssz n0, w;
+    fastcol_range(c, blk, &n0, &w);
+#define LS(a) (N2 > 1 ? (a)->s1 : (a)->s0)
+#define BASE(a) ((a)->p + off3((a), n0, N2))
+    const char *px = BASE(&c->x), *pv = c->has_v ? BASE(&c->v) : NULL,
+               *pn = c->has_nv ? BASE(&c->nv) : NULL, *pte = BASE(&c->te),
+               *ptr = c->has_trunc ? BASE(&c->tr) : NULL, *pg = c->g_t ? BASE(&c->g) : NULL,
+               *pl = c->l_t ? BASE(&c->lm) : NULL;
+    char *p0 = BASE(&c->o0), *p1 = c->two_out ? BASE(&c->o1) : NULL;
+    const ssz lx = LS(&c->x), lv = c->has_v ? LS(&c->v) : 0, ln = c->has_nv ? LS(&c->nv) : 0,
+              lte = LS(&c->te), ltr = c->has_trunc ? LS(&c->tr) : 0,
+              lg = c->g_t ? LS(&c->g) : 0, ll = c->l_t ? LS(&c->lm) : 0, l0 = LS(&c->o0),
+              l1 = c->two_out ? LS(&c->o1) : 0;
+    const int kte = c->te.kind, ktr = c->has_trunc ? c->tr.kind : K_I8,
+              kg = c->g_t ? c->g.kind : K_F32, kl = c->l_t ? c->lm.kind : K_F32;
+    const v16f zero = {0};
+    const v16i none = {0};
+    const float gs = (float)c->gs, ls = (float)c->lms;
+    const int nvec = (int)((w + 15) / 16);
+    for (int j = 0; j < nvec; j++) { /* 16 streams, every step */
+        const ssz mj = w - 16 * j < 16 ? w - 16 * j : 16, o = 16 * j;
+        v16f h = zero, vnext = zero; /* V' at the last step: the bootstrap, or 0 */
+        if (!c->has_nv && c->has_boot) {
+            const ssz pb = off3(&c->boot, n0, N2) + o * LS(&c->boot);
+            for (ssz k = 0; k < mj; k++)
+                vnext[k] = (float)get1(&c->boot, pb + k * LS(&c->boot));
+        }
+        for (ssz t = T - 1; t >= 0; t--) {
+            const v16f x = ldf(px + t * c->x.st + o * lx, lx, K_F32, 0, mj, 0);
+            const v16f v = pv ? ldf(pv + t * c->v.st + o * lv, lv, K_F32, 0, mj, 0) : zero;
+            const v16f nv =
+                pn ? ldf(pn + t * c->nv.st + o * ln, ln, K_F32, 0, mj, 0) : vnext;
+            const v16i te = ldm(pte + t * c->te.st + o * lte, lte, kte, 0, mj, 0);
+            const v16i tr = ptr ? ldm(ptr + t * c->tr.st + o * ltr, ltr, ktr, 0, mj, 0) : none;
+            const v16f gv = pg ? ldf(pg + t * c->g.st + o * lg, lg, kg, 0, mj, 0) : zero + gs;
+            const v16f lv_ = pl ? ldf(pl + t * c->lm.st + o * ll, ll, kl, 0, mj, 0) : zero + ls;
+            const v16i done = te | tr;
+            v16f a, b;
+            if (gae) {
+                a = x + sel16(te, zero, gv * nv) - v;
+                b = sel16(done, zero, gv * lv_);
+            } else { /* TD(lambda): no successor past the last step */
+                const v16i nonext = t + 1 >= T ? ~none : none;
+                const v16f lc = sel16(nonext | done, zero, lv_);
+                a = x + sel16(te, zero, gv * (1.0f - lc) * nv);
+                b = sel16(te, zero, gv * lc);
+            }
+            h = sel16(b == 0.0f, a, a + b * h);
+            stf(p0 + t * c->o0.st + o * l0, l0, 0, mj, h, 0);
+            if (p1) stf(p1 + t * c->o1.st + o * l1, l1, 0, mj, h + v, 0);
+            vnext = v;
+        }
+    }
+#undef LS
+#undef BASE
+}
+
+INLINE void fastcol_blocks(const ctx_t *c, ssz lo, ssz hi) {
+    if (c->mode == MODE_GAE)
+        for (ssz b = lo; b < hi; b++) fastcol_block(c, b, 1);
+    else
+        for (ssz b = lo; b < hi; b++) fastcol_block(c, b, 0);
+}
+
 /* every array contiguous in time, byte or float32 flags, gamma and lambda numbers: the
  * loop with vector loads only */
 static int fast_contiguous(const ctx_t *c) {
@@ -798,6 +890,15 @@ static inline ssz take_units(const job_t *j) {
 MULTIVERSION static void *run_job(void *arg) {
     const job_t *j = (const job_t *)arg;
     const ctx_t *c = j->c;
+#if VEC8
+    if (c->fastcol) {
+        for (ssz lo; (lo = take_units(j)) < j->units;) {
+            const ssz hi = lo + j->chunk < j->units ? lo + j->chunk : j->units;
+            fastcol_blocks(c, lo, hi);
+        }
+        return NULL;
+    }
+#endif
     if (c->columns) {
         colbuf_t *bf = (colbuf_t *)malloc(sizeof(colbuf_t));
         if (!bf) return (void *)1;
@@ -925,15 +1026,19 @@ static void plan_walk(ctx_t *c, int threads) {
     const ssz lane = c->N2 > 1 ? c->x.s1 : c->x.s0;
     c->columns = T > 1 && N > 1 && llabs((long long)lane) == item &&
                  llabs((long long)c->x.st) != item;
-    c->fast = 0;
+    c->fast = c->fastcol = 0;
 #if VEC8
     c->fast = !c->columns && use_fast && fast_ok(c);
+    c->fastcol = c->columns && use_fast && fast_ok(c);
 #endif
     c->h_end = NULL;
     if (c->fast) {
         c->S = 1;
         c->seg = T;
         c->nlanes = N;
+    } else if (c->fastcol) {
+        c->nblocks = c->N2 > 1 ? c->N1 * ((c->N2 + WF - 1) / WF) : (c->N1 + WF - 1) / WF;
+        c->S = 1;
     } else if (c->columns) {
         c->nblocks = c->N2 > 1 ? c->N1 * ((c->N2 + WC - 1) / WC) : (c->N1 + WC - 1) / WC;
         c->S = 1;

@@ -120,7 +120,15 @@ def tuned(monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Without CUDA, everything marked ``gpu`` is skipped (not failed)."""
+    """The tiers: a ``-m`` expression that does not name ``slow`` leaves the slow tests out
+    (``pytest -m gpu`` is the GPU suite without the 10,000-case fuzz and the huge tensors;
+    ``pytest -m "gpu and slow"`` runs those). Without CUDA, everything marked ``gpu`` is
+    skipped (not failed)."""
+    if "slow" not in (config.getoption("markexpr") or ""):
+        slow = [item for item in items if "slow" in item.keywords]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if "slow" not in item.keywords]
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
