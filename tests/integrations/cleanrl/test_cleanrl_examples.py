@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gymnasium as gym
 import pytest
 import torch
+
+gym = pytest.importorskip("gymnasium")  # the examples' environments (the [cleanrl] extra)
 
 import rl_triton_core
 
