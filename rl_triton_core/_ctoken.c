@@ -252,7 +252,7 @@ static void finish(Ctx *c) {
     double d = mean - mu;
     double var = (m2 + cnt * d * d) / (cnt + c->count_eps);
     if (c->unbiased)
-        var = var * (cnt / (cnt - 1.0));
+        var = cnt == 1.0 ? NAN : var * (cnt / (cnt - 1.0)); /* one valid token: NaN */
     c->mu = mu;
     c->rstd = 1.0 / sqrt(var + c->eps);
 }

@@ -181,8 +181,8 @@ def finish(stats, count_eps, eps, unbiased):
     mu = mean * cnt / (cnt + count_eps)
     d = mean - mu
     var = (m2 + cnt * d * d) / (cnt + count_eps)
-    if unbiased:
-        var = var * (cnt / (cnt - 1.0))  # IEEE: one valid token gives inf or NaN, no raise
+    if unbiased:  # one valid token: no unbiased variance, NaN (no raise, no host sync)
+        var = np.nan if cnt == 1.0 else var * (cnt / (cnt - 1.0))
     return mu, 1.0 / np.sqrt(var + eps)
 
 

@@ -354,8 +354,8 @@ def _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
     mu = mean * cnt / (cnt + ce)
     d = mean - mu
     var = (m2 + cnt * d * d) / (cnt + ce)
-    if UNBIASED:
-        var = var * (cnt / (cnt - 1.0))
+    if UNBIASED:  # one valid token: no unbiased variance, NaN (as the CPU path)
+        var = tl.where(cnt == 1.0, float("nan"), var * (cnt / (cnt - 1.0)))
     return mu, 1.0 / tl.sqrt(var + eps)
 
 
@@ -485,9 +485,15 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     bt, warps, k = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
     ws = torch.empty(3 * n_rows, dtype=acc, device=device) if whiten else None
     vv = v if v is not None else src
+    # half-precision advantages that are whitened next: the scan stores them in the
+    # accumulation dtype, so the whitened result rounds once (not the rounded advantages
+    # read back and rounded again)
+    adv = out0
+    if whiten and mode != MODE_STATS and out0.dtype in (torch.float16, torch.bfloat16):
+        adv = torch.empty(out0.shape, dtype=acc, device=device)
     if mode != MODE_STATS or whiten:
         token_scan_kernel[(n_rows,)](
-            src, vv, m, cu, out0, out1 if out1 is not None else out0, ws,
+            src, vv, m, cu, adv, out1 if out1 is not None else out0, ws,
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
             n_tok, n_rows, *_hilo(g), *_hilo(gl),
             MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, K=k,
@@ -495,7 +501,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     if how is None:
         return
     fill = how[4]
-    x = whiten_src if mode == MODE_STATS else out0
+    x = whiten_src if mode == MODE_STATS else adv
     numel = out0.numel()
     per_sm, block, w_warps = WHITEN_TILE
     flat = x.is_contiguous() and (fill is None or m.is_contiguous())
