@@ -115,13 +115,26 @@ def _ld_flag(P, K: tl.constexpr, STR, o1, o2, t, m, UNIFORM: tl.constexpr,
              FP64: tl.constexpr):
     """A flag as 0/1: nonzero means set, as ``flag.bool()`` reads it (2.0, -1 and NaN
     are set), whatever its dtype."""
-    x = tl.load(P + _offset(K, STR, o1, o2, t, UNIFORM), mask=m, other=0)
-    if x.dtype.is_fp16() or x.dtype.is_bf16():  # compared in float32: exact, NaN stays set
-        x = x.to(tl.float32)
-    if FP64:
-        return (x != 0).to(tl.float64)
+    ety: tl.constexpr = P.dtype.element_ty
+    if ety.is_floating():
+        # a float flag read byte by byte: set where any byte is nonzero, the sign bit
+        # aside (-0.0 is clear; NaN and inf are set). Loaded as floats, the flags made
+        # the layout pass run the scan in the flag load's layout instead of the data's:
+        # another scan tree, 1 ulp off the result of the same flags as bool
+        nb: tl.constexpr = ety.primitive_bitwidth // 8
+        # (byte offsets in int64: an element offset that fits int32 may not, times nb)
+        q = P.to(tl.pointer_type(tl.uint8)) + _offset(K, STR, o1, o2, t, UNIFORM).to(
+            tl.int64) * nb
+        acc = tl.load(q + (nb - 1), mask=m, other=0) & 0x7F  # the sign's byte (little endian)
+        for j in tl.static_range(nb - 1):
+            acc = acc | tl.load(q + j, mask=m, other=0)
+        set_ = acc != 0
     else:
-        return (x != 0).to(tl.float32)
+        set_ = tl.load(P + _offset(K, STR, o1, o2, t, UNIFORM), mask=m, other=0) != 0
+    if FP64:
+        return set_.to(tl.float64)
+    else:
+        return set_.to(tl.float32)
 
 
 @triton.jit
