@@ -410,7 +410,9 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim):
 
 def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_eps=0.0,
                   fill=None):
-    """verl's ``masked_whiten`` (``count_eps=1e-8``) and TRL's (``count_eps=0``)."""
+    """verl's ``masked_whiten`` (``count_eps=1e-8``) and TRL's (``count_eps=0``). Where
+    they raise (no valid token, or one under the unbiased variance), the formula: one
+    valid token has no unbiased variance, NaN."""
     x = x.to(F64)
     m = (mask != 0).to(F64)
     n = m.sum()
@@ -418,7 +420,7 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_ep
     c = x - mean
     var = torch.where(m.bool(), c * c, 0.0).mul(m).sum() / (n + count_eps)
     if unbiased:
-        var = var * (n / (n - 1))
+        var = torch.where(n == 1, torch.nan, var * (n / (n - 1)))
     y = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         y = y + mean

@@ -152,8 +152,8 @@ def test_empty_mask_where_verl_raises(core_algos):
     """verl's masked_var reads the mask sum on the host and raises on an empty mask and
     on a mask of one token; the drop-ins do not synchronise and follow the formula
     instead (documented): no valid token gives advantages 0 (the count_eps of 1e-8 keeps
-    the mean 0 / 1e-8 = 0, the Bessel factor 0 / -1); one valid token a variance of
-    inf (or NaN), hence 0 (or NaN), as the float64 reference computes it."""
+    the mean 0 / 1e-8 = 0, the Bessel factor 0 / -1); one valid token has no unbiased
+    variance: NaN, as the float64 reference computes it."""
     r, v, _ = token_batch(1)
     m = torch.zeros_like(r, dtype=torch.long)
     config = SimpleNamespace(gamma=1.0)
@@ -171,6 +171,7 @@ def test_empty_mask_where_verl_raises(core_algos):
         core_algos.compute_gae_advantage_return(r, v, m, 1.0, 1.0)
     adv, _ = ours.compute_gae_advantage_return(r, v, m, 1.0, 1.0)
     want = ref.masked_gae(r, v, m, skip=True, whiten=True, count_eps=1e-8, time_dim=-1)[0]
+    assert torch.isnan(want).all()
     torch.testing.assert_close(adv, want, equal_nan=True, rtol=1e-12, atol=1e-12)
     adv, ret = ours.compute_reinforce_plus_plus_outcome_advantage(r, m, config=config)
     want = ref.masked_whiten(ret, m, count_eps=1e-8, fill=0.0)
