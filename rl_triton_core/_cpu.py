@@ -29,11 +29,14 @@ _KERNELS: dict = {}
 _CACHE = os.environ.get("RL_TRITON_CORE_NUMBA_CACHE", "1") == "1"
 
 
-def _cache_outside_the_source_tree():
-    """numba's cache of this module goes to numba's user-wide cache directory (e.g.
-    ~/.cache/numba), not next to the source in rl_triton_core/__pycache__, where an
-    editable install would collect about a thousand files; NUMBA_CACHE_DIR, when set,
-    still decides. Other modules' numba functions are not affected."""
+def _cache_outside_the_source_tree(module_file: str = __file__):
+    """numba's cache of ``module_file``'s functions (this module's by default; the token
+    estimators' CPU path, :mod:`rl_triton_core._token_cpu`, passes its own) goes to
+    numba's user-wide cache directory (e.g. ~/.cache/numba), not next to the source in
+    rl_triton_core/__pycache__, where an editable install would collect about a thousand
+    files; NUMBA_CACHE_DIR, when set, still decides. Other modules' numba functions are
+    not affected. Call it before the module's ``cache=True`` functions are decorated
+    (numba picks a function's cache location then)."""
     try:
         from numba.core import caching
     except ImportError:  # pragma: no cover - numba's layout changed: its default applies
@@ -43,20 +46,23 @@ def _cache_outside_the_source_tree():
         caching, "_UserWideCacheLocator", None)
     if impl is None or user_wide is None:  # pragma: no cover
         return
-    here = os.path.abspath(__file__)
-
-    class _Locator(user_wide):
-        rl_triton_core = True
-
-        @classmethod
-        def from_function(cls, py_func, py_file):
-            if os.path.abspath(py_file) != here:
-                return None
-            return super().from_function(py_func, py_file)
-
     classes = impl._locator_classes
-    if not any(getattr(c, "rl_triton_core", False) for c in classes):
-        classes.insert(1, _Locator)  # after NUMBA_CACHE_DIR's locator, before __pycache__'s
+    locator = next((c for c in classes if getattr(c, "rl_triton_core", False)), None)
+    if locator is None:
+
+        class _Locator(user_wide):
+            rl_triton_core = True
+            files: set = set()  # the absolute paths of the modules it places
+
+            @classmethod
+            def from_function(cls, py_func, py_file):
+                if os.path.abspath(py_file) not in cls.files:
+                    return None
+                return super().from_function(py_func, py_file)
+
+        locator = _Locator
+        classes.insert(1, locator)  # after NUMBA_CACHE_DIR's locator, before __pycache__'s
+    locator.files.add(os.path.abspath(module_file))
 
 
 if _CACHE:

@@ -24,6 +24,9 @@ from rl_triton_core import _cpu
 from rl_triton_core._cpu import _CACHE
 from rl_triton_core._cpu_first import settle  # noqa: F401 (no numba call beside a warm-up)
 
+if _CACHE:  # numba's cache where the scan's goes, not rl_triton_core/__pycache__
+    _cpu._cache_outside_the_source_tree(__file__)
+
 GAE_SKIP, GAE_MUL, RET_SKIP, RET_MUL = 0, 1, 2, 3
 
 

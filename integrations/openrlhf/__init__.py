@@ -18,7 +18,10 @@ Python loop over tokens. Two levels of use (``docs/llm.md``):
 
 ``install()`` sets both methods of ``RemoteExperienceMaker`` to these functions (as
 static methods), keeps OpenRLHF's for :func:`uninstall`, and leaves a method that is
-neither (a subclass's or a user's patch) alone. OpenRLHF is imported only by
+neither (a user's patch, made before or after the first ``install()``) alone. OpenRLHF's
+method is recognised by what it is, the function that ``experience_maker``'s class body
+defines (under its ``@torch.no_grad()``), not by what the class held when ``install()``
+first ran. OpenRLHF is imported only by
 ``install()`` / ``uninstall()`` / ``is_installed()``.
 
 OpenRLHF's own modules import its GPU stack (flash-attn, DeepSpeed, vLLM) when they
@@ -49,12 +52,34 @@ _ORIGINALS: dict = {}
 GPU_STACK = {"flash_attn": "flash-attn", "deepspeed": "deepspeed", "vllm": "vllm"}
 
 
-def _maker_class():
+def _maker_module():
     try:
-        module = importlib.import_module(EXPERIENCE_MAKER)
+        return importlib.import_module(EXPERIENCE_MAKER)
     except ModuleNotFoundError as e:
         raise _missing(e) from e
-    return module.RemoteExperienceMaker
+
+
+def _maker_class():
+    return _maker_module().RemoteExperienceMaker
+
+
+def _is_openrlhfs(method, module, name: str) -> bool:
+    """``method`` is OpenRLHF's own ``RemoteExperienceMaker.<name>``: the function that
+    the class body in ``module``'s source defines (its globals are that module's
+    namespace), bare or as OpenRLHF decorates it (``@torch.no_grad()``: one wrapper made
+    by torch around it). A user's replacement is not, even a ``functools.wraps`` wrapper
+    that copies OpenRLHF's name, qualname and module (its globals are the user's)."""
+    qualname = f"{module.RemoteExperienceMaker.__qualname__}.{name}"
+
+    def defined_here(fn):
+        return (getattr(fn, "__globals__", None) is vars(module)
+                and getattr(fn, "__qualname__", None) == qualname)
+
+    if defined_here(method):
+        return True
+    made_by = (getattr(method, "__globals__", None) or {}).get("__name__", "")
+    return made_by.partition(".")[0] == "torch" and defined_here(
+        getattr(method, "__wrapped__", None))
 
 
 def _missing(e: ModuleNotFoundError) -> ImportError:
@@ -96,15 +121,12 @@ def _importable(name: str) -> bool:
 def install() -> None:
     """Make OpenRLHF's experience maker compute GAE and REINFORCE returns on
     ``rl_triton_core``. Harmless twice; undo with :func:`uninstall`."""
-    cls = _maker_class()
+    module = _maker_module()
+    cls = module.RemoteExperienceMaker
     for name, ours in _METHODS.items():
         current = cls.__dict__.get(name)
-        if current is None:
-            continue
-        if isinstance(current, staticmethod) and current.__func__ is ours:
-            continue
-        if name in _ORIGINALS and current is not _ORIGINALS[name]:
-            continue  # someone else's patch: left alone
+        if not _is_openrlhfs(current, module, name):
+            continue  # ours already, someone else's patch (left alone), or absent
         _ORIGINALS[name] = current
         setattr(cls, name, staticmethod(ours))
 

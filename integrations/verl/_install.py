@@ -9,9 +9,11 @@ verl's trainer reaches an estimator two ways (``verl/trainer/ppo/ray_trainer.py`
 ``gae``, ``reinforce_plus_plus``, ``grpo``, ``grpo_vectorized``, ``rloo`` and
 ``rloo_vectorized`` (set directly: ``register_adv_est`` refuses a second registration),
 and the module attributes of the same functions. An entry or attribute that holds
-something other than verl's original (a user's own estimator) is left alone.
-``uninstall()`` puts back exactly what ``install()`` replaced. Both are idempotent and
-import verl only when called.
+something other than verl's original (a user's own estimator, set before or after the
+first ``install()``) is left alone: verl's original is recognised by what it is, the
+function that ``core_algos``'s source defines under that name, not by what the attribute
+held when ``install()`` first ran. ``uninstall()`` puts back exactly what ``install()``
+replaced. Both are idempotent and import verl only when called.
 
 verl runs its trainer in a Ray actor (the ``TaskRunner``): patch that process, e.g. with
 Ray's setup hook on verl's command line::
@@ -32,6 +34,14 @@ def _core_algos():
     return importlib.import_module("verl.trainer.ppo.core_algos")
 
 
+def _is_verls(fn, ca, name: str) -> bool:
+    """``fn`` is verl's own ``name``: a function defined in ``core_algos``'s source (its
+    globals are that module's namespace) under that name. A user's replacement is not,
+    even a ``functools.wraps`` wrapper that copies verl's name, qualname and module."""
+    return (getattr(fn, "__globals__", None) is vars(ca)
+            and getattr(fn, "__qualname__", None) == name)
+
+
 def _ours():
     from rl_triton_verl import core_algos as ours
 
@@ -45,16 +55,16 @@ def install() -> None:
 
     ca = _core_algos()
     ours = _ours()
+    registry = ca.ADV_ESTIMATOR_REGISTRY
     for key, name in REGISTRY_NAMES.items():
-        current = getattr(ca, name, None)
-        if current is not None and current is not ours[name]:
-            _ORIGINALS.setdefault(name, current)
-        original = _ORIGINALS.get(name)
-        if original is None:
+        attribute, entry = getattr(ca, name, None), registry.get(key)
+        verls = [fn for fn in (attribute, entry) if _is_verls(fn, ca, name)]
+        if not verls:  # ours already, or a user's in both places
             continue
-        if ca.ADV_ESTIMATOR_REGISTRY.get(key) is original:
-            ca.ADV_ESTIMATOR_REGISTRY[key] = ours[name]
-        if getattr(ca, name, None) is original:
+        _ORIGINALS[name] = verls[0]
+        if _is_verls(entry, ca, name):
+            registry[key] = ours[name]
+        if _is_verls(attribute, ca, name):
             setattr(ca, name, ours[name])
 
 

@@ -61,8 +61,46 @@ def test_numba_cache_is_not_in_the_source_tree():
 
     if not _cpu._CACHE:
         pytest.skip("RL_TRITON_CORE_NUMBA_CACHE=0")
+    from rl_triton_core import _token_cpu
+
     pkg = os.path.dirname(os.path.abspath(rc.__file__))
     fn = _cpu.kernel(1, True, True, True, False, False, True, False, False, False)
-    for dispatcher in (fn, _cpu._coefficients):
+    token = [*_token_cpu.SCANS.values(), *_token_cpu.WHITENS.values(), _token_cpu.row_stats]
+    for dispatcher in (fn, _cpu._coefficients, *token):
         path = os.path.abspath(dispatcher._cache._cache_path)
-        assert not path.startswith(pkg + os.sep), path
+        assert not path.startswith(pkg + os.sep), (dispatcher.py_func.__qualname__, path)
+
+
+TOKEN_CACHE = r"""
+import torch
+import rl_triton_core as rc
+r = torch.rand(4, 9, dtype=torch.float64)
+m = torch.ones(4, 9, dtype=torch.bool)
+rc.masked_returns(r, m, gamma=0.9, skip=True, time_dim=-1)
+"""
+
+
+def _token_cache_files(folder):
+    if not os.path.isdir(folder):
+        return {}
+    return {f: os.stat(os.path.join(folder, f)).st_mtime_ns for f in os.listdir(folder)
+            if f.startswith("_token_cpu.")}
+
+
+def test_token_numba_cache_files_are_not_in_the_source_tree(tmp_path):
+    """A token estimator on the numba loops, in a fresh process, writes its numba cache
+    where the scan's goes (numba's user-wide cache directory, here under a temporary
+    XDG_CACHE_HOME), and nothing into rl_triton_core/__pycache__."""
+    import glob
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), RL_TRITON_CORE_CPU_KERNEL="numba",
+               RL_TRITON_CORE_NUMBA_CACHE="1", RL_TRITON_CORE_BACKEND="auto")
+    env.pop("NUMBA_CACHE_DIR", None)
+    in_tree = os.path.join(os.path.dirname(os.path.abspath(rc.__file__)), "__pycache__")
+    before = _token_cache_files(in_tree)
+    subprocess.run([sys.executable, "-c", TOKEN_CACHE], env=env, check=True)
+    assert _token_cache_files(in_tree) == before
+    written = glob.glob(str(tmp_path / "numba" / "*" / "_token_cpu.*.nbi"))
+    assert written, sorted(glob.glob(str(tmp_path / "**"), recursive=True))

@@ -149,6 +149,50 @@ def test_install(installed, experience_maker):
     assert {n: cls.__dict__[n] for n in originals} == originals
 
 
+FRESH_PROCESS_USER_PATCH = r"""
+import functools, sys
+sys.path.insert(0, {here!r})
+import conftest  # OpenRLHF's real experience_maker with stand-ins for its GPU stack
+sys.modules.update(conftest._stand_ins(conftest._root()))
+import rl_triton_openrlhf
+from openrlhf.trainer.ppo_utils import experience_maker
+
+cls = experience_maker.RemoteExperienceMaker
+theirs = dict(cls.__dict__)
+original = theirs["get_advantages_and_returns"]
+if {kind!r} == "function":
+    def mine(self, values, rewards, action_mask, gamma, lambd):
+        return None
+else:  # a user's wrapper, with OpenRLHF's name, qualname and module
+    @functools.wraps(original)
+    def mine(self, *args):
+        return original(self, *args)
+cls.get_advantages_and_returns = mine
+
+rl_triton_openrlhf.install()  # the first install() of this process
+assert cls.__dict__["get_advantages_and_returns"] is mine, "the user's method replaced"
+assert rl_triton_openrlhf.is_installed() == {{"get_advantages_and_returns": False,
+                                             "get_cumulative_returns": True}}
+rl_triton_openrlhf.uninstall()
+assert cls.__dict__["get_advantages_and_returns"] is mine, "the user's method put back"
+assert cls.__dict__["get_cumulative_returns"] is theirs["get_cumulative_returns"]
+"""
+
+
+@pytest.mark.parametrize("kind", ["function", "wrapper"])
+def test_install_leaves_a_users_patch_made_before_the_first_install(experience_maker, kind):
+    """In a fresh process (no install() has run yet), a user's own method, set on the
+    class before install(), is neither replaced nor put back; the other method is."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = FRESH_PROCESS_USER_PATCH.format(here=here, kind=kind)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
 def _args(estimator):
     return SimpleNamespace(
         algo=SimpleNamespace(advantage=SimpleNamespace(estimator=estimator, gamma=0.99,

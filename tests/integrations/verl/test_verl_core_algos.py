@@ -263,6 +263,57 @@ def test_install_leaves_a_users_estimator(installed, core_algos):
         reg["rloo"] = original
 
 
+FRESH_PROCESS_USER_PATCHES = r"""
+import functools
+import verl.trainer.ppo.core_algos as ca
+import rl_triton_verl
+from rl_triton_verl import core_algos as ours
+
+reg = ca.ADV_ESTIMATOR_REGISTRY
+verls = {k: reg[k] for k in ours.REGISTRY_NAMES}
+def mine(**kwargs):
+    return None
+gae = ca.compute_gae_advantage_return
+@functools.wraps(gae)  # a user's wrapper, with verl's name and module
+def logged(*args, **kwargs):
+    return gae(*args, **kwargs)
+ca.compute_rloo_outcome_advantage = mine
+ca.compute_gae_advantage_return = logged
+reg["grpo_vectorized"] = mine
+
+def check():
+    assert ca.compute_rloo_outcome_advantage is mine, "the user's attribute replaced"
+    assert ca.compute_gae_advantage_return is logged, "the user's wrapper replaced"
+    assert reg["grpo_vectorized"] is mine, "the user's registry entry replaced"
+
+rl_triton_verl.install()  # the first install() of this process
+check()
+for key, name in ours.REGISTRY_NAMES.items():  # verl's own entries: replaced
+    if key != "grpo_vectorized":
+        assert reg[key] is getattr(ours, name), key
+    if name not in ("compute_rloo_outcome_advantage", "compute_gae_advantage_return"):
+        assert getattr(ca, name) is getattr(ours, name), name
+rl_triton_verl.uninstall()
+check()
+for key, name in ours.REGISTRY_NAMES.items():
+    if key != "grpo_vectorized":
+        assert reg[key] is verls[key], key
+    if name not in ("compute_rloo_outcome_advantage", "compute_gae_advantage_return"):
+        assert getattr(ca, name) is verls[key], name
+"""
+
+
+def test_install_leaves_a_users_patch_made_before_the_first_install(core_algos):
+    """In a fresh process (no install() has run yet), a user's own module attribute or
+    registry entry, set before install(), is neither replaced nor put back."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", FRESH_PROCESS_USER_PATCHES],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
 def test_import_does_not_import_verl():
     import subprocess
     import sys
