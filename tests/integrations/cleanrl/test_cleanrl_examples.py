@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-gym = pytest.importorskip("gymnasium")  # the examples' environments (the [cleanrl] extra)
-
 import rl_triton_core
+
+gym = pytest.importorskip("gymnasium")  # the examples' environments (the [cleanrl] extra)
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 DISCRETE = EXAMPLES / "cleanrl_ppo.py"
