@@ -117,16 +117,17 @@ def _ld_flag(P, K: tl.constexpr, STR, o1, o2, t, m, UNIFORM: tl.constexpr,
     are set), whatever its dtype."""
     ety: tl.constexpr = P.dtype.element_ty
     if ety.is_floating():
-        # a float flag read byte by byte: set where any byte is nonzero, the sign bit
-        # aside (-0.0 is clear; NaN and inf are set). Loaded as floats, the flags made
-        # the layout pass run the scan in the flag load's layout instead of the data's:
-        # another scan tree, 1 ulp off the result of the same flags as bool
-        nb: tl.constexpr = ety.primitive_bitwidth // 8
-        # (byte offsets in int64: an element offset that fits int32 may not, times nb)
-        q = P.to(tl.pointer_type(tl.uint8)) + _offset(K, STR, o1, o2, t, UNIFORM).to(
-            tl.int64) * nb
-        acc = tl.load(q + (nb - 1), mask=m, other=0) & 0x7F  # the sign's byte (little endian)
-        for j in tl.static_range(nb - 1):
+        # a float flag read in 16-bit pieces: set where any piece is nonzero, the sign bit
+        # aside (-0.0 is clear; NaN and inf are set). Loaded as floats (or as integers of
+        # their width), the flags made the layout pass run the forward scans in the flag
+        # load's layout instead of the data's: another scan tree, 1 ulp off the result of
+        # the same flags as bool. (Byte offsets in int64: an element offset that fits
+        # int32 may not, times the pieces.)
+        nh: tl.constexpr = ety.primitive_bitwidth // 16
+        q = P.to(tl.pointer_type(tl.int16)) + _offset(K, STR, o1, o2, t, UNIFORM).to(
+            tl.int64) * nh
+        acc = tl.load(q + (nh - 1), mask=m, other=0) & 0x7FFF  # the sign's piece (LE)
+        for j in tl.static_range(nh - 1):
             acc = acc | tl.load(q + j, mask=m, other=0)
         set_ = acc != 0
     else:
