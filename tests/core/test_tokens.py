@@ -208,6 +208,7 @@ def test_mixed_dtypes_and_inputs_unchanged(where):
         assert torch.equal(b, t)
 
 
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter's 0/0
 def test_empty_and_single_token_masks_give_nan_not_raise(where):
     device, backend = where
     r, v, m = _inputs(6, 2, 9, torch.float32, "right", device)
