@@ -332,12 +332,10 @@ def test_two_threads_equal_numba(layout, monkeypatch):
             _cscan.use_gomp(was)
             _dispatch._PLANS.clear()
     assert _bitwise(got, other), "torch's OpenMP team and threads of our own differ"
-    if WALK["fast"]:  # the fast walks: against the reference
-        want = _as_tuple(_ref("gae", r, v, te, tr, dict(gamma=0.99, lmbda=0.95,
-                                                           time_dim=td)))
-        for x, e in zip(got, want):
-            np.testing.assert_allclose(x.numpy(), e.numpy(), rtol=1e-4, atol=1e-4)
-        return
     want = _numba(lambda: rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95, time_dim=td),
                   monkeypatch)
-    assert _bitwise(got, want)
+    if WALK["fast"]:  # float32 in float32: within tolerance of numba's float64 loop
+        for x, e in zip(got, want):
+            np.testing.assert_allclose(x.numpy(), e.numpy(), rtol=1e-4, atol=1e-4)
+    else:
+        assert _bitwise(got, want)
