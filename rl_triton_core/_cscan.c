@@ -578,49 +578,88 @@ INLINE v16f scan16(v16f a, v16f b, v16f cv) {
     return sel16(b == 0.0f, a, a + b * cv);
 }
 
-/* one stream's arrays: base pointers, time strides, kinds */
+/* an array as one walk sees it: its base for a stream (or a block's first stream), the
+ * stride between the 16 elements of a vector (along time for the row walk, across
+ * streams for the column walk) and its kind; p NULL: absent */
 typedef struct {
-    const char *x, *v, *nv, *te, *tr, *g, *l;
-    char *o0, *o1;
-    ssz sx, sv, sn, ste, str, sg, sl, s0, s1;
-    int kv, kn, kte, ktr, kg, kl;
-} fs_t;
+    const char *p;
+    ssz s;
+    int k;
+} sv_t;
 
-/* 16 steps [t, t + m) from the carry cv: their h, stored; v_next: V_{t+m} (shifted
- * values) where t + m < T, else the bootstrap (or 0) */
-INLINE v16f fast16(const ctx_t *c, const fs_t *f, ssz t, ssz m, v16f cv, float v_next,
+typedef struct {
+    sv_t x, v, nv, te, tr, g, l, o0, o1;
+} views_t;
+
+INLINE sv_t sv_of(const arr_t *a, int present, ssz n, ssz N2, int along_time) {
+    sv_t r = {NULL, 0, K_F32};
+    if (present) {
+        r.p = a->p + off3(a, n, N2);
+        r.s = along_time ? a->st : (N2 > 1 ? a->s1 : a->s0);
+        r.k = a->kind;
+    }
+    return r;
+}
+
+/* the arrays of the call from stream n on, for the row walk (along_time) or the column
+ * walk */
+INLINE views_t views_of(const ctx_t *c, ssz n, int along_time) {
+    const ssz N2 = c->N2;
+    views_t f;
+    f.x = sv_of(&c->x, 1, n, N2, along_time);
+    f.v = sv_of(&c->v, c->has_v, n, N2, along_time);
+    f.nv = sv_of(&c->nv, c->has_nv, n, N2, along_time);
+    f.te = sv_of(&c->te, 1, n, N2, along_time);
+    f.tr = sv_of(&c->tr, c->has_trunc, n, N2, along_time);
+    f.g = sv_of(&c->g, c->g_t, n, N2, along_time);
+    f.l = sv_of(&c->lm, c->l_t, n, N2, along_time);
+    f.o0 = sv_of(&c->o0, 1, n, N2, along_time);
+    f.o1 = sv_of(&c->o1, c->two_out, n, N2, along_time);
+    return f;
+}
+
+/* alpha, beta of 16 steps (the formulas of coefs(), in float32) from their loaded
+ * inputs; nonext: lanes with no successor (TD(lambda)'s l' = 0 there) */
+INLINE void coefs16(const int gae, v16f x, v16f v, v16f nv, v16i te, v16i tr, v16f gv,
+                    v16f lv, v16i nonext, v16f *a, v16f *b) {
+    const v16f zero = {0};
+    const v16i done = te | tr;
+    if (gae) {
+        *a = x + sel16(te, zero, gv * nv) - v;
+        *b = sel16(done, zero, gv * lv);
+    } else {
+        const v16f lc = sel16(nonext | done, zero, lv);
+        *a = x + sel16(te, zero, gv * (1.0f - lc) * nv);
+        *b = sel16(te, zero, gv * lc);
+    }
+}
+
+/* 16 steps [t, t + m) of a stream from the carry cv: their h, stored; v_next: V_{t+m}
+ * (shifted values) where t + m < T, else the bootstrap (or 0) */
+INLINE v16f fast16(const ctx_t *c, const views_t *f, ssz t, ssz m, v16f cv, float v_next,
                    const int gae, const int cont) {
     const v16f zero = {0};
     const v16i none = {0};
-    const v16f x = ldf(f->x, f->sx, K_F32, t, m, cont);
-    const v16f v = f->v ? ldf(f->v, f->sv, K_F32, t, m, cont) : zero;
+    const v16f x = ldf(f->x.p, f->x.s, K_F32, t, m, cont);
+    const v16f v = f->v.p ? ldf(f->v.p, f->v.s, K_F32, t, m, cont) : zero;
     v16f nv;
-    if (f->nv) {
-        nv = ldf(f->nv, f->sn, K_F32, t, m, cont);
-    } else if (m == 16 && f->v && t + 16 < c->T) {
-        nv = ldf(f->v, f->sv, K_F32, t + 1, 16, cont);
+    if (f->nv.p) {
+        nv = ldf(f->nv.p, f->nv.s, K_F32, t, m, cont);
+    } else if (m == 16 && f->v.p && t + 16 < c->T) {
+        nv = ldf(f->v.p, f->v.s, K_F32, t + 1, 16, cont);
     } else { /* V' = V_{t+1}, and at the last of the m steps V_{t+m} */
         const v16i up = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
         nv = __builtin_shuffle(v, zero, up);
         nv[m - 1] = v_next;
     }
-    const v16i te = ldm(f->te, f->ste, f->kte, t, m, cont);
-    const v16i tr = f->tr ? ldm(f->tr, f->str, f->ktr, t, m, cont) : none;
-    const float gs = (float)c->gs, ls = (float)c->lms;
-    const v16f gv = !cont && f->g ? ldf(f->g, f->sg, f->kg, t, m, 0) : zero + gs;
-    const v16f lv = !cont && f->l ? ldf(f->l, f->sl, f->kl, t, m, 0) : zero + ls;
-    const v16i done = te | tr;
+    const v16i te = ldm(f->te.p, f->te.s, f->te.k, t, m, cont);
+    const v16i tr = f->tr.p ? ldm(f->tr.p, f->tr.s, f->tr.k, t, m, cont) : none;
+    const v16f gv = !cont && f->g.p ? ldf(f->g.p, f->g.s, f->g.k, t, m, 0) : zero + (float)c->gs;
+    const v16f lv = !cont && f->l.p ? ldf(f->l.p, f->l.s, f->l.k, t, m, 0) : zero + (float)c->lms;
+    v16i nonext = none; /* past the stream's last step */
+    if (t + m >= c->T) nonext[m - 1] = -1;
     v16f a, b;
-    if (gae) {
-        a = x + sel16(te, zero, gv * nv) - v;
-        b = sel16(done, zero, gv * lv);
-    } else { /* TD(lambda): no successor past the stream's last step */
-        v16i nonext = none;
-        if (t + m >= c->T) nonext[m - 1] = -1;
-        const v16f lc = sel16(nonext | done, zero, lv);
-        a = x + sel16(te, zero, gv * (1.0f - lc) * nv);
-        b = sel16(te, zero, gv * lc);
-    }
+    coefs16(gae, x, v, nv, te, tr, gv, lv, nonext, &a, &b);
     if (m < 16) { /* lanes past the stream's end: alpha 0 (h_T = 0), beta 1 */
         for (ssz k = m; k < 16; k++) {
             a[k] = 0.0f;
@@ -628,58 +667,22 @@ INLINE v16f fast16(const ctx_t *c, const fs_t *f, ssz t, ssz m, v16f cv, float v
         }
     }
     const v16f h = scan16(a, b, cv);
-    stf(f->o0, f->s0, t, m, h, cont);
-    if (f->o1) stf(f->o1, f->s1, t, m, h + v, cont);
+    stf((char *)f->o0.p, f->o0.s, t, m, h, cont);
+    if (f->o1.p) stf((char *)f->o1.p, f->o1.s, t, m, h + v, cont);
     return h;
 }
 
 /* stream n */
 INLINE void fast_stream(const ctx_t *c, ssz n, const int gae, const int cont) {
-    const ssz N2 = c->N2, T = c->T;
-    fs_t f;
-    memset(&f, 0, sizeof(f));
-    f.x = c->x.p + off3(&c->x, n, N2);
-    f.sx = c->x.st;
-    if (c->has_v) {
-        f.v = c->v.p + off3(&c->v, n, N2);
-        f.sv = c->v.st;
-        f.kv = c->v.kind;
-    }
-    if (c->has_nv) {
-        f.nv = c->nv.p + off3(&c->nv, n, N2);
-        f.sn = c->nv.st;
-        f.kn = c->nv.kind;
-    }
-    f.te = c->te.p + off3(&c->te, n, N2);
-    f.ste = c->te.st;
-    f.kte = c->te.kind;
-    if (c->has_trunc) {
-        f.tr = c->tr.p + off3(&c->tr, n, N2);
-        f.str = c->tr.st;
-        f.ktr = c->tr.kind;
-    }
-    if (c->g_t) {
-        f.g = c->g.p + off3(&c->g, n, N2);
-        f.sg = c->g.st;
-        f.kg = c->g.kind;
-    }
-    if (c->l_t) {
-        f.l = c->lm.p + off3(&c->lm, n, N2);
-        f.sl = c->lm.st;
-        f.kl = c->lm.kind;
-    }
-    f.o0 = c->o0.p + off3(&c->o0, n, N2);
-    f.s0 = c->o0.st;
-    if (c->two_out) {
-        f.o1 = c->o1.p + off3(&c->o1, n, N2);
-        f.s1 = c->o1.st;
-    }
+    const ssz T = c->T;
+    const views_t f = views_of(c, n, 1);
     const v16f zero = {0};
     const v16i bcast = {0};
     /* the top 16 steps, or fewer: [t0, T), m of them, from h_T = 0 */
     const ssz q = (T - 1) / 16, t0 = 16 * q, m = T - t0;
-    const float boot =
-        !c->has_nv && c->has_boot ? (float)get1(&c->boot, off3(&c->boot, n, N2)) : 0.0f;
+    const float boot = !c->has_nv && c->has_boot
+                           ? (float)get1(&c->boot, off3(&c->boot, n, c->N2))
+                           : 0.0f;
     v16f h = fast16(c, &f, t0, m, zero, boot, gae, cont);
     /* then 16 steps at a time, down to step 0 */
     for (ssz t = t0 - 16; t >= 0; t -= 16)
@@ -707,62 +710,42 @@ INLINE void fastcol_range(const ctx_t *c, ssz blk, ssz *n0, ssz *w) {
 }
 
 INLINE void fastcol_block(const ctx_t *c, ssz blk, const int gae) {
-    const ssz N2 = c->N2, T = c->T;
+    const ssz T = c->T;
     ssz n0, w;
     fastcol_range(c, blk, &n0, &w);
-#define LS(a) (N2 > 1 ? (a)->s1 : (a)->s0)
-#define BASE(a) ((a)->p + off3((a), n0, N2))
-    const char *px = BASE(&c->x), *pv = c->has_v ? BASE(&c->v) : NULL,
-               *pn = c->has_nv ? BASE(&c->nv) : NULL, *pte = BASE(&c->te),
-               *ptr = c->has_trunc ? BASE(&c->tr) : NULL, *pg = c->g_t ? BASE(&c->g) : NULL,
-               *pl = c->l_t ? BASE(&c->lm) : NULL;
-    char *p0 = BASE(&c->o0), *p1 = c->two_out ? BASE(&c->o1) : NULL;
-    const ssz lx = LS(&c->x), lv = c->has_v ? LS(&c->v) : 0, ln = c->has_nv ? LS(&c->nv) : 0,
-              lte = LS(&c->te), ltr = c->has_trunc ? LS(&c->tr) : 0,
-              lg = c->g_t ? LS(&c->g) : 0, ll = c->l_t ? LS(&c->lm) : 0, l0 = LS(&c->o0),
-              l1 = c->two_out ? LS(&c->o1) : 0;
-    const int kte = c->te.kind, ktr = c->has_trunc ? c->tr.kind : K_I8,
-              kg = c->g_t ? c->g.kind : K_F32, kl = c->l_t ? c->lm.kind : K_F32;
+    const views_t f = views_of(c, n0, 0);
+    /* element (step t, lane o + k) of a view: step strides are the arrays' own */
+#define AT(V, A) ((V).p + t * (A).st + o * (V).s)
     const v16f zero = {0};
     const v16i none = {0};
-    const float gs = (float)c->gs, ls = (float)c->lms;
     const int nvec = (int)((w + 15) / 16);
     for (int j = 0; j < nvec; j++) { /* 16 streams, every step */
         const ssz mj = w - 16 * j < 16 ? w - 16 * j : 16, o = 16 * j;
         v16f h = zero, vnext = zero; /* V' at the last step: the bootstrap, or 0 */
         if (!c->has_nv && c->has_boot) {
-            const ssz pb = off3(&c->boot, n0, N2) + o * LS(&c->boot);
-            for (ssz k = 0; k < mj; k++)
-                vnext[k] = (float)get1(&c->boot, pb + k * LS(&c->boot));
+            const ssz ls = c->N2 > 1 ? c->boot.s1 : c->boot.s0;
+            const ssz pb = off3(&c->boot, n0, c->N2) + o * ls;
+            for (ssz k = 0; k < mj; k++) vnext[k] = (float)get1(&c->boot, pb + k * ls);
         }
         for (ssz t = T - 1; t >= 0; t--) {
-            const v16f x = ldf(px + t * c->x.st + o * lx, lx, K_F32, 0, mj, 0);
-            const v16f v = pv ? ldf(pv + t * c->v.st + o * lv, lv, K_F32, 0, mj, 0) : zero;
-            const v16f nv =
-                pn ? ldf(pn + t * c->nv.st + o * ln, ln, K_F32, 0, mj, 0) : vnext;
-            const v16i te = ldm(pte + t * c->te.st + o * lte, lte, kte, 0, mj, 0);
-            const v16i tr = ptr ? ldm(ptr + t * c->tr.st + o * ltr, ltr, ktr, 0, mj, 0) : none;
-            const v16f gv = pg ? ldf(pg + t * c->g.st + o * lg, lg, kg, 0, mj, 0) : zero + gs;
-            const v16f lv_ = pl ? ldf(pl + t * c->lm.st + o * ll, ll, kl, 0, mj, 0) : zero + ls;
-            const v16i done = te | tr;
+            const v16f x = ldf(AT(f.x, c->x), f.x.s, K_F32, 0, mj, 0);
+            const v16f v = f.v.p ? ldf(AT(f.v, c->v), f.v.s, K_F32, 0, mj, 0) : zero;
+            const v16f nv = f.nv.p ? ldf(AT(f.nv, c->nv), f.nv.s, K_F32, 0, mj, 0) : vnext;
+            const v16i te = ldm(AT(f.te, c->te), f.te.s, f.te.k, 0, mj, 0);
+            const v16i tr = f.tr.p ? ldm(AT(f.tr, c->tr), f.tr.s, f.tr.k, 0, mj, 0) : none;
+            const v16f gv =
+                f.g.p ? ldf(AT(f.g, c->g), f.g.s, f.g.k, 0, mj, 0) : zero + (float)c->gs;
+            const v16f lv =
+                f.l.p ? ldf(AT(f.l, c->lm), f.l.s, f.l.k, 0, mj, 0) : zero + (float)c->lms;
             v16f a, b;
-            if (gae) {
-                a = x + sel16(te, zero, gv * nv) - v;
-                b = sel16(done, zero, gv * lv_);
-            } else { /* TD(lambda): no successor past the last step */
-                const v16i nonext = t + 1 >= T ? ~none : none;
-                const v16f lc = sel16(nonext | done, zero, lv_);
-                a = x + sel16(te, zero, gv * (1.0f - lc) * nv);
-                b = sel16(te, zero, gv * lc);
-            }
+            coefs16(gae, x, v, nv, te, tr, gv, lv, t + 1 >= T ? ~none : none, &a, &b);
             h = sel16(b == 0.0f, a, a + b * h);
-            stf(p0 + t * c->o0.st + o * l0, l0, 0, mj, h, 0);
-            if (p1) stf(p1 + t * c->o1.st + o * l1, l1, 0, mj, h + v, 0);
+            stf((char *)AT(f.o0, c->o0), f.o0.s, 0, mj, h, 0);
+            if (f.o1.p) stf((char *)AT(f.o1, c->o1), f.o1.s, 0, mj, h + v, 0);
             vnext = v;
         }
     }
-#undef LS
-#undef BASE
+#undef AT
 }
 
 INLINE void fastcol_blocks(const ctx_t *c, ssz lo, ssz hi) {
