@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from rl_triton_core._table import MODE_GAE, MODE_TDLAMBDA
 
 try:
@@ -22,6 +24,18 @@ except ImportError:  # not built (no compiler at install time): numba runs every
     _cscan = None
 
 THREADS = max(1, min(os.cpu_count() or 1, 8))
+
+
+def _bind():
+    """The C replay of recorded calls (``_cscan.replay``), where torch has the DLPack C
+    exchange table it reads tensors through; else None."""
+    api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+    if _cscan is None or api is None or not _cscan.bind(torch.Tensor, api, torch.empty):
+        return None
+    return _cscan.replay
+
+
+replay = _bind()
 _MODES = (MODE_GAE, MODE_TDLAMBDA)
 
 
@@ -66,3 +80,14 @@ def run(key, args, threads=None) -> bool:
     """Run the variant ``key`` on the numba kernel's arguments ``args`` (outputs first);
     False (nothing written) where an array's dtype is not one the kernel reads."""
     return _cscan.scan(*_scan_args(key, args, threads))
+
+
+def key(prefix: bytes, args: tuple, time_dim, tuning):
+    """The key :data:`replay` looks a call up by (bytes), or None where it has none."""
+    return _cscan.key(prefix, args, time_dim, tuning) if replay is not None else None
+
+
+def recording(prepared, addr, num, lo, hi):
+    """A :func:`prepare`-d call and where the user's arguments go (see ``_cscan``), as
+    bytes for :data:`replay`."""
+    return _cscan.recording(prepared, addr, num, lo, hi)

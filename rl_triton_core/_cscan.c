@@ -578,6 +578,66 @@ INLINE v16f scan16(v16f a, v16f b, v16f cv) {
     return sel16(b == 0.0f, a, a + b * cv);
 }
 
+/* whether any lane of m is set */
+INLINE int any16(v16i m) {
+    typedef unsigned long long v8u __attribute__((vector_size(64)));
+    const v8u w = (v8u)m;
+    return ((w[0] | w[1]) | (w[2] | w[3]) | (w[4] | w[5]) | (w[6] | w[7])) != 0;
+}
+
+/* The suffix maps' B of scan16 where every beta of the 16 steps is the same number c
+ * (no flag set, gamma and lambda numbers): B[k] is b before round k (B[0] = c), B[4]
+ * after the last. They depend on c only, so a stream computes them once. */
+typedef struct {
+    v16f B[5];
+    v16i Z[5]; /* B[k] == 0: lanes whose product underflowed (the select keeps a there) */
+    int uf;    /* some lane did */
+} bconst_t;
+
+INLINE bconst_t bconst_of(float c) {
+    const v16f zero = {0}, one = zero + 1.0f;
+    bconst_t k;
+    v16f b = zero + c;
+    k.B[0] = b;
+#define BROUND(j, ...)                                                                \
+    do {                                                                              \
+        const v16i idx = {__VA_ARGS__};                                               \
+        b = b * __builtin_shuffle(b, one, idx);                                       \
+        k.B[j] = b;                                                                   \
+    } while (0)
+    BROUND(1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+    BROUND(2, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16);
+    BROUND(3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16);
+    BROUND(4, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16, 16, 16, 16, 16);
+#undef BROUND
+    k.uf = 0;
+    for (int j = 0; j < 5; j++) {
+        k.Z[j] = k.B[j] == 0.0f;
+        k.uf |= any16(k.Z[j]);
+    }
+    return k;
+}
+
+/* scan16 where every beta is c (see bconst_t): the same operations on the same values,
+ * so the same bits, without computing B; the selects only where a product underflowed
+ * to 0 (a uniform branch: c is the stream's). */
+INLINE v16f scan16c(v16f a, const bconst_t *k, v16f cv) {
+    const v16f zero = {0};
+#define CROUND(j, ...)                                                                \
+    do {                                                                              \
+        const v16i idx = {__VA_ARGS__};                                               \
+        const v16f ab = a + k->B[j] * __builtin_shuffle(a, zero, idx);                \
+        a = k->uf ? sel16(k->Z[j], a, ab) : ab;                                       \
+    } while (0)
+    CROUND(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+    CROUND(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16);
+    CROUND(2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16);
+    CROUND(3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16, 16, 16, 16, 16);
+#undef CROUND
+    const v16f h = a + k->B[4] * cv;
+    return k->uf ? sel16(k->Z[4], a, h) : h;
+}
+
 /* an array as one walk sees it: its base for a stream (or a block's first stream), the
  * stride between the 16 elements of a vector (along time for the row walk, across
  * streams for the column walk) and its kind; p NULL: absent */
@@ -636,8 +696,19 @@ INLINE void coefs16(const int gae, v16f x, v16f v, v16f nv, v16i te, v16i tr, v1
 
 /* 16 steps [t, t + m) of a stream from the carry cv: their h, stored; v_next: V_{t+m}
  * (shifted values) where t + m < T, else the bootstrap (or 0) */
+/* how often the flag-free path found no flag (per walk: both paths give the same bits,
+ * so the choice is speed only; where most vectors have a flag, the test's unpredictable
+ * branch costs more than the path saves, and the walk stops trying) */
+typedef struct {
+    int tried, flagged;
+} tries_t;
+
+INLINE int try_const(const tries_t *tr) {
+    return tr->tried < 64 || 4 * tr->flagged < tr->tried;
+}
+
 INLINE v16f fast16(const ctx_t *c, const views_t *f, ssz t, ssz m, v16f cv, float v_next,
-                   const int gae, const int cont) {
+                   const int gae, const int cont, const bconst_t *kc, tries_t *tries) {
     const v16f zero = {0};
     const v16i none = {0};
     const v16f x = ldf(f->x.p, f->x.s, K_F32, t, m, cont);
@@ -659,6 +730,18 @@ INLINE v16f fast16(const ctx_t *c, const views_t *f, ssz t, ssz m, v16f cv, floa
     v16i nonext = none; /* past the stream's last step */
     if (t + m >= c->T) nonext[m - 1] = -1;
     v16f a, b;
+    if (kc && m == 16 && t + 16 < c->T && try_const(tries)) {
+        tries->tried++;
+        if (!any16(te | tr)) {
+            /* no flag set: every beta is gamma lambda, whose scan16 maps kc holds */
+            coefs16(gae, x, v, nv, none, none, gv, lv, none, &a, &b);
+            const v16f h = scan16c(a, kc, cv);
+            stf((char *)f->o0.p, f->o0.s, t, 16, h, cont);
+            if (f->o1.p) stf((char *)f->o1.p, f->o1.s, t, 16, h + v, cont);
+            return h;
+        }
+        tries->flagged++;
+    }
     coefs16(gae, x, v, nv, te, tr, gv, lv, nonext, &a, &b);
     if (m < 16) { /* lanes past the stream's end: alpha 0 (h_T = 0), beta 1 */
         for (ssz k = m; k < 16; k++) {
@@ -673,7 +756,8 @@ INLINE v16f fast16(const ctx_t *c, const views_t *f, ssz t, ssz m, v16f cv, floa
 }
 
 /* stream n */
-INLINE void fast_stream(const ctx_t *c, ssz n, const int gae, const int cont) {
+INLINE void fast_stream(const ctx_t *c, ssz n, const int gae, const int cont,
+                        const bconst_t *kp, tries_t *tries) {
     const ssz T = c->T;
     const views_t f = views_of(c, n, 1);
     const v16f zero = {0};
@@ -683,10 +767,10 @@ INLINE void fast_stream(const ctx_t *c, ssz n, const int gae, const int cont) {
     const float boot = !c->has_nv && c->has_boot
                            ? (float)get1(&c->boot, off3(&c->boot, n, c->N2))
                            : 0.0f;
-    v16f h = fast16(c, &f, t0, m, zero, boot, gae, cont);
+    v16f h = fast16(c, &f, t0, m, zero, boot, gae, cont, kp, tries);
     /* then 16 steps at a time, down to step 0 */
     for (ssz t = t0 - 16; t >= 0; t -= 16)
-        h = fast16(c, &f, t, 16, __builtin_shuffle(h, bcast), 0.0f, gae, cont);
+        h = fast16(c, &f, t, 16, __builtin_shuffle(h, bcast), 0.0f, gae, cont, kp, tries);
 }
 
 /* The fast column walk: float32 time-major data (the streams contiguous at each step),
@@ -771,8 +855,12 @@ static int fast_contiguous(const ctx_t *c) {
 /* streams [lo, hi), the loop compiled once per mode, contiguous or not */
 INLINE void fast_streams(const ctx_t *c, ssz lo, ssz hi) {
     const int gae = c->mode == MODE_GAE, cont = fast_contiguous(c);
+    tries_t tries = {0, 0};
+    /* gamma lambda: every step's beta where no flag is set (gamma and lambda numbers) */
+    const bconst_t kc = bconst_of((float)c->gs * (float)c->lms);
+    const bconst_t *kp = !c->g_t && !c->l_t ? &kc : NULL;
 #define STREAMS(G, C)                                                                 \
-    for (ssz n = lo; n < hi; n++) fast_stream(c, n, G, C)
+    for (ssz n = lo; n < hi; n++) fast_stream(c, n, G, C, kp, &tries)
     if (gae && cont) STREAMS(1, 1);
     else if (gae) STREAMS(1, 0);
     else if (cont) STREAMS(0, 1);
@@ -1195,6 +1283,406 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* ---- The replay of a recorded call from the user's own arguments ----------------------
+ *
+ * The cached CPU call in C: the call's key is built from the tensors' metadata as torch
+ * gives it through the DLPack C exchange table (torch.Tensor.__dlpack_c_exchange_api__:
+ * shape, strides, dtype, device and data pointer, no Python attribute read), the
+ * recording is found in the plan dictionary, the outputs are allocated by torch.empty
+ * and the recorded scan runs on the new addresses. What it does is what
+ * rl_triton_core._dispatch.CpuPlan's replay does; it only touches less memory on the way
+ * (a call after other work ran 110 us in Python against 56 us in the kernel). Anything
+ * it does not recognise returns None, and the Python path takes the call. */
+
+typedef struct { uint32_t major, minor; } dl_version_t;
+typedef struct { int32_t device_type, device_id; } dl_device_t;
+typedef struct { uint8_t code, bits; uint16_t lanes; } dl_dtype_t;
+typedef struct {
+    void *data;
+    dl_device_t device;
+    int32_t ndim;
+    dl_dtype_t dtype;
+    int64_t *shape, *strides;
+    uint64_t byte_offset;
+} dl_tensor_t;
+typedef struct dl_api_header {
+    dl_version_t version;
+    struct dl_api_header *prev;
+} dl_api_header_t;
+typedef struct { /* DLPack 1.x's DLPackExchangeAPI: the entries used here, in order */
+    dl_api_header_t header;
+    void *managed_tensor_allocator, *managed_tensor_from_py_object_no_sync,
+        *managed_tensor_to_py_object_no_sync;
+    int (*dltensor_from_py_object_no_sync)(void *, dl_tensor_t *);
+} dl_api_t;
+
+#define DL_CPU 1
+#define KEY_ARGS 16 /* arguments of a call the key covers, at most */
+#define KEY_DIMS 8  /* dimensions of a tensor the key covers, at most */
+
+static const dl_api_t *dl_api;        /* torch's exchange table, or NULL: no replay */
+static PyTypeObject *tensor_type;     /* torch.Tensor (subclasses take the Python path) */
+static PyObject *torch_empty, *s_requires_grad, *kw_dtype;
+
+/* A recorded call: the scan and where each of the user's arguments goes. */
+typedef struct {
+    prepared_t pr;
+    int32_t nargs;
+    int8_t addr[KEY_ARGS]; /* argument -> the scan's array (0..9), or -1 */
+    int8_t num[KEY_ARGS];  /* argument -> 0 gamma, 1 lambda (numbers), or -1 */
+    double lo[KEY_ARGS], hi[KEY_ARGS]; /* a number's range (else the Python path) */
+} replay_t;
+
+/* The key of a call (prefix, then per argument its kind and, for a tensor, its dtype,
+ * device, shape, strides and address mod 16; then time_dim and the tuning) into buf; the tensors'
+ * views into dl. Returns the key's length, 0 where the call has no key (an argument
+ * of another type, a tensor subclass, too many arguments or dimensions), -1 with a
+ * Python error set. */
+static Py_ssize_t call_key(PyObject *prefix, PyObject *args, PyObject *time_dim,
+                           PyObject *tuning, char *buf, Py_ssize_t cap, dl_tensor_t *dl) {
+    if (!PyBytes_Check(prefix) || !PyTuple_Check(args) || !PyLong_CheckExact(time_dim))
+        return 0;
+    const Py_ssize_t n = PyTuple_GET_SIZE(args), np = PyBytes_GET_SIZE(prefix);
+    if (n > KEY_ARGS || np + 16 > cap) return 0;
+    memcpy(buf, PyBytes_AS_STRING(prefix), np);
+    char *k = buf + np, *end = buf + cap;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(args, i);
+        if (Py_IS_TYPE(a, tensor_type)) {
+            dl_tensor_t *d = &dl[i];
+            if (dl_api->dltensor_from_py_object_no_sync(a, d)) {
+                PyErr_Clear(); /* not describable (sparse, nested): the Python path says why */
+                return 0;
+            }
+            const int nd = d->ndim;
+            if (nd < 0 || nd > KEY_DIMS || k + 24 + 16 * nd > end) return 0;
+            *k++ = 'T';
+            *k++ = (char)nd;
+            memcpy(k, &d->dtype, 4), k += 4;
+            memcpy(k, &d->device, 8), k += 8;
+            *k++ = (char)((uintptr_t)d->data & 15);
+            if (nd) {
+                memcpy(k, d->shape, 8 * (size_t)nd), k += 8 * nd;
+                if (d->strides) memcpy(k, d->strides, 8 * (size_t)nd);
+                else memset(k, 0xff, 8 * (size_t)nd); /* contiguous, strides not given */
+                k += 8 * nd;
+            }
+        } else if (a == Py_None) {
+            *k++ = 'N';
+        } else if (PyFloat_CheckExact(a) || PyLong_CheckExact(a)) {
+            *k++ = '#'; /* a number: its value is checked, not keyed */
+        } else if (PyBool_Check(a)) {
+            *k++ = a == Py_True ? 'y' : 'n';
+        } else {
+            return 0;
+        }
+        if (k + 24 > end) return 0;
+    }
+    const long td = PyLong_AsLong(time_dim);
+    if (td == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *k++ = 't';
+    memcpy(k, &td, sizeof(td)), k += sizeof(td);
+    /* the tuning in effect, by identity: its recording holds it, so the address is not
+     * reused while the key can be found */
+    memcpy(k, &tuning, sizeof(tuning)), k += sizeof(tuning);
+    return k - buf;
+}
+
+/* bind(tensor_type, exchange_capsule, empty): what the replay needs of torch; False
+ * (no replay) where the table is missing or of another DLPack major version. */
+static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.bind(torch.Tensor, capsule, torch.empty)");
+        return NULL;
+    }
+    dl_api = NULL;
+    if (!PyCapsule_IsValid(args[1], "dlpack_exchange_api")) Py_RETURN_FALSE;
+    const dl_api_t *api = PyCapsule_GetPointer(args[1], "dlpack_exchange_api");
+    if (!api || api->header.version.major != 1 || !api->dltensor_from_py_object_no_sync)
+        Py_RETURN_FALSE;
+    if (!s_requires_grad && !(s_requires_grad = PyUnicode_InternFromString("requires_grad")))
+        return NULL;
+    if (!kw_dtype && !(kw_dtype = Py_BuildValue("(s)", "dtype"))) return NULL;
+    Py_INCREF(args[0]);
+    Py_INCREF(args[2]);
+    Py_XSETREF(tensor_type, (PyTypeObject *)args[0]);
+    Py_XSETREF(torch_empty, args[2]);
+    dl_api = api;
+    Py_RETURN_TRUE;
+}
+
+#define KEY_CAP 1024
+
+/* key(prefix, args, time_dim, tuning): the replay's key of a call (bytes), or None */
+static PyObject *key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.key(prefix, args, time_dim, tuning)");
+        return NULL;
+    }
+    if (!dl_api) Py_RETURN_NONE;
+    char buf[KEY_CAP];
+    dl_tensor_t dl[KEY_ARGS];
+    const Py_ssize_t n = call_key(args[0], args[1], args[2], args[3], buf, KEY_CAP, dl);
+    if (n < 0) return NULL;
+    if (n == 0) Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize(buf, n);
+}
+
+/* recording(prepared, addr, num, lo, hi): a replay_t as bytes: per argument of the call
+ * (tuples of equal length), the scan's array it is (-1: none), the number it is (0
+ * gamma, 1 lambda, -1: none) and that number's range. */
+static PyObject *recording(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyBytes_Check(args[0]) ||
+        PyBytes_GET_SIZE(args[0]) != (Py_ssize_t)sizeof(prepared_t)) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.recording(prepared, addr, num, lo, hi)");
+        return NULL;
+    }
+    replay_t rp;
+    memset(&rp, 0, sizeof(rp));
+    memcpy(&rp.pr, PyBytes_AS_STRING(args[0]), sizeof(prepared_t));
+    for (int j = 1; j < 5; j++)
+        if (!PyTuple_Check(args[j]) || PyTuple_GET_SIZE(args[j]) != PyTuple_GET_SIZE(args[1])) {
+            PyErr_SetString(PyExc_TypeError, "_cscan.recording: four tuples of equal length");
+            return NULL;
+        }
+    const Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
+    if (n > KEY_ARGS) Py_RETURN_NONE;
+    rp.nargs = (int32_t)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const long a = PyLong_AsLong(PyTuple_GET_ITEM(args[1], i));
+        const long m = PyLong_AsLong(PyTuple_GET_ITEM(args[2], i));
+        rp.lo[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(args[3], i));
+        rp.hi[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(args[4], i));
+        if (PyErr_Occurred()) return NULL;
+        if (a < -1 || a > 9 || m < -1 || m > 1) {
+            PyErr_SetString(PyExc_ValueError, "_cscan.recording: an index out of range");
+            return NULL;
+        }
+        rp.addr[i] = (int8_t)a;
+        rp.num[i] = (int8_t)m;
+    }
+    return PyBytes_FromStringAndSize((const char *)&rp, sizeof(rp));
+}
+
+/* out = torch.empty(shape, dtype=dtype) and its data pointer, or NULL */
+static PyObject *new_output(PyObject *shape, PyObject *dtype, char **data) {
+    PyObject *call[2] = {shape, dtype};
+    PyObject *t = PyObject_Vectorcall(torch_empty, call, 1, kw_dtype);
+    if (!t) return NULL;
+    dl_tensor_t d;
+    if (!Py_IS_TYPE(t, tensor_type) || dl_api->dltensor_from_py_object_no_sync(t, &d)) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    *data = (char *)d.data;
+    return t;
+}
+
+/* replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds a
+ * recording of it, under key(prefix, args, time_dim, tuning), as (replay_t bytes, output shape,
+ * output dtype, tuning, two outputs); else None (the Python path takes the call). */
+static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.replay(plans, prefix, args, time_dim, tuning)");
+        return NULL;
+    }
+    if (!dl_api) Py_RETURN_NONE;
+    /* read at call time, as the Python path reads them */
+    const char *backend = getenv("RL_TRITON_CORE_BACKEND");
+    if (backend && strcmp(backend, "auto") && strcmp(backend, "cpu")) Py_RETURN_NONE;
+    const char *kernel = getenv("RL_TRITON_CORE_CPU_KERNEL");
+    if (kernel && !strcmp(kernel, "numba")) Py_RETURN_NONE;
+    char buf[KEY_CAP];
+    dl_tensor_t dl[KEY_ARGS];
+    const Py_ssize_t n = call_key(args[1], args[2], args[3], args[4], buf, KEY_CAP, dl);
+    if (n <= 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *k = PyBytes_FromStringAndSize(buf, n);
+    if (!k) return NULL;
+    PyObject *rec = PyDict_GetItemWithError(args[0], k); /* borrowed */
+    Py_DECREF(k);
+    if (!rec) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 5 ||
+        PyTuple_GET_ITEM(rec, 3) != args[4])
+        Py_RETURN_NONE; /* recorded under another tuning */
+    PyObject *blob = PyTuple_GET_ITEM(rec, 0);
+    if (!PyBytes_Check(blob) || PyBytes_GET_SIZE(blob) != (Py_ssize_t)sizeof(replay_t))
+        Py_RETURN_NONE;
+    const replay_t *rp = (const replay_t *)PyBytes_AS_STRING(blob);
+    PyObject *call_args = args[2];
+    if (PyTuple_GET_SIZE(call_args) != rp->nargs) Py_RETURN_NONE;
+    prepared_t pr = rp->pr;
+    ctx_t *c = &pr.c;
+    arr_t *arrs[10] = {&c->o0, &c->o1, &c->x, &c->v, &c->nv, &c->te, &c->tr, &c->boot,
+                       &c->g, &c->lm};
+    for (Py_ssize_t i = 0; i < rp->nargs; i++) {
+        PyObject *a = PyTuple_GET_ITEM(call_args, i);
+        if (Py_IS_TYPE(a, tensor_type)) {
+            /* a tensor that requires grad takes the Python path (autograd, or detach) */
+            PyObject *rg = PyObject_GetAttr(a, s_requires_grad);
+            if (!rg) return NULL;
+            Py_DECREF(rg);
+            if (rg != Py_False) Py_RETURN_NONE;
+            if (rp->addr[i] >= 0 && arrs[rp->addr[i]]->p) arrs[rp->addr[i]]->p = dl[i].data;
+        } else if (rp->num[i] >= 0) {
+            const double x = PyFloat_AsDouble(a);
+            if (x == -1.0 && PyErr_Occurred()) return NULL;
+            if (!(rp->lo[i] <= x && x <= rp->hi[i])) Py_RETURN_NONE; /* NaN too: the error */
+            if (rp->num[i] == 0) c->gs = x;
+            else c->lms = x;
+        }
+    }
+    PyObject *shape = PyTuple_GET_ITEM(rec, 1), *dtype = PyTuple_GET_ITEM(rec, 2);
+    const int two = PyTuple_GET_ITEM(rec, 4) == Py_True;
+    char *p0, *p1 = NULL;
+    PyObject *out0 = new_output(shape, dtype, &p0), *out1 = NULL;
+    if (!out0) goto fail;
+    if (two && !(out1 = new_output(shape, dtype, &p1))) goto fail;
+    c->o0.p = p0;
+    if (c->o1.p) c->o1.p = two ? p1 : p0;
+    if (execute(c, pr.threads) < 0) goto fail;
+    if (!two) return out0;
+    PyObject *res = PyTuple_Pack(2, out0, out1);
+    Py_DECREF(out0);
+    Py_DECREF(out1);
+    return res;
+fail:
+    Py_XDECREF(out0);
+    Py_XDECREF(out1);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ---- The benchmark's same-bytes floor -------------------------------------------------
+ *
+ * floor(out0, out1, threads, *inputs): reads every input once and writes two outputs,
+ * o0 = the sum of the float32 inputs plus the xor of the byte ones, o1 = o0 / 2, no
+ * recurrence: what any kernel reading and writing these arrays must at least move, done
+ * the fastest way this C compiler knows (vectors over blocks of 2,048 elements that stay
+ * in L1 between the passes; the inputs split over `threads` threads). Arrays: 1-D,
+ * contiguous, one length; float32 or one byte each. */
+
+#define FLOOR_MAX 8
+#define FLOOR_BLOCK 2048
+
+typedef struct {
+    int nf, nb, parts;
+    const float *f[FLOOR_MAX];
+    const unsigned char *b[FLOOR_MAX];
+    float *o0, *o1;
+    ssz n;
+    ssz next;
+} floor_t;
+
+MULTIVERSION static void floor_range(const floor_t *F, ssz lo, ssz hi) {
+    float *restrict o0 = F->o0, *restrict o1 = F->o1;
+    unsigned char m[FLOOR_BLOCK];
+    for (ssz b0 = lo; b0 < hi; b0 += FLOOR_BLOCK) {
+        const ssz e = hi - b0 < FLOOR_BLOCK ? hi - b0 : FLOOR_BLOCK;
+        const float *restrict f0 = F->f[0] + b0;
+        float *restrict p = o0 + b0;
+        NOALIAS
+        for (ssz i = 0; i < e; i++) p[i] = f0[i];
+        for (int j = 1; j < F->nf; j++) {
+            const float *restrict fj = F->f[j] + b0;
+            NOALIAS
+            for (ssz i = 0; i < e; i++) p[i] += fj[i];
+        }
+        if (F->nb) {
+            const unsigned char *restrict q0 = F->b[0] + b0;
+            NOALIAS
+            for (ssz i = 0; i < e; i++) m[i] = q0[i];
+            for (int j = 1; j < F->nb; j++) {
+                const unsigned char *restrict qj = F->b[j] + b0;
+                NOALIAS
+                for (ssz i = 0; i < e; i++) m[i] ^= qj[i];
+            }
+            NOALIAS
+            for (ssz i = 0; i < e; i++) p[i] += (float)m[i];
+        }
+        float *restrict q = o1 + b0;
+        NOALIAS
+        for (ssz i = 0; i < e; i++) q[i] = 0.5f * p[i];
+    }
+}
+
+static void floor_part(void *arg) {
+    floor_t *F = (floor_t *)arg;
+#if defined(__GNUC__)
+    const ssz k = __atomic_fetch_add(&F->next, 1, __ATOMIC_RELAXED);
+#else
+    const ssz k = F->next++;
+#endif
+    if (k >= F->parts) return;
+    /* part k: a run of whole blocks */
+    const ssz per = ((F->n + F->parts - 1) / F->parts + FLOOR_BLOCK - 1) / FLOOR_BLOCK * FLOOR_BLOCK;
+    const ssz lo = k * per, hi = lo + per < F->n ? lo + per : F->n;
+    if (lo < hi) floor_range(F, lo, hi);
+}
+
+static PyObject *floor_(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 4 || nargs > 3 + 2 * FLOOR_MAX) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.floor(out0, out1, threads, *inputs)");
+        return NULL;
+    }
+    const long threads = PyLong_AsLong(args[2]);
+    if (threads == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer bufs[3 + 2 * FLOOR_MAX];
+    int held = 0, ok = 1;
+    floor_t F;
+    memset(&F, 0, sizeof(F));
+    for (Py_ssize_t i = 0; i < nargs && ok; i++) {
+        if (i == 2) continue;
+        const int out = i < 2;
+        Py_buffer *b = &bufs[i];
+        if (PyObject_GetBuffer(args[i], b, (out ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS |
+                                               PyBUF_FORMAT) < 0) {
+            ok = 0;
+            break;
+        }
+        held |= 1 << i;
+        const ssz n = b->itemsize ? b->len / b->itemsize : 0;
+        if (F.n == 0 && i == 0) F.n = n;
+        const char fmt = b->format ? b->format[b->format[0] == '<' || b->format[0] == '='] : 'B';
+        if (n != F.n || (out && fmt != 'f') || (b->itemsize != 4 && b->itemsize != 1) ||
+            (b->itemsize == 4 && fmt != 'f')) {
+            PyErr_SetString(PyExc_ValueError,
+                            "_cscan.floor: 1-D contiguous arrays of one length, float32 "
+                            "outputs, float32 or one-byte inputs");
+            ok = 0;
+        } else if (out) {
+            if (i == 0) F.o0 = (float *)b->buf;
+            else F.o1 = (float *)b->buf;
+        } else if (b->itemsize == 4) {
+            F.f[F.nf++] = (const float *)b->buf;
+        } else {
+            F.b[F.nb++] = (const unsigned char *)b->buf;
+        }
+    }
+    if (ok && F.nf == 0) {
+        PyErr_SetString(PyExc_ValueError, "_cscan.floor needs a float32 input");
+        ok = 0;
+    }
+    if (ok && F.n > 0) {
+        F.parts = threads < 1 ? 1 : (int)threads;
+        Py_BEGIN_ALLOW_THREADS
+        pool_run(floor_part, &F, F.parts);
+        Py_END_ALLOW_THREADS
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        if (held & (1 << i)) PyBuffer_Release(&bufs[i]);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* use_vector(flag): switch the vector recurrence (where the CPU has it) on or off;
  * returns whether it was on. For tests: both loops give the same bits. */
 static PyObject *use_vector(PyObject *self, PyObject *arg) {
@@ -1251,6 +1739,26 @@ static PyMethodDef methods[] = {
      "run(prepared, gs, lms, out0, out1, x, v, nv, term, trunc, boot, g, lm): a prepared "
      "call on the arrays at these addresses (ints, 0 for an absent one), of the shapes, "
      "strides and dtypes that prepare() saw."},
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
+     "bind(torch.Tensor, torch.Tensor.__dlpack_c_exchange_api__, torch.empty): what replay() "
+     "needs of torch; False (replay() then always returns None) where the table is missing "
+     "or of another DLPack major version."},
+    {"key", (PyCFunction)(void (*)(void))key, METH_FASTCALL,
+     "key(prefix, args, time_dim, tuning): the key replay() looks a call up by (bytes), "
+     "or None where the call has none."},
+    {"recording", (PyCFunction)(void (*)(void))recording, METH_FASTCALL,
+     "recording(prepared, addr, num, lo, hi): a prepared call and, per argument of the "
+     "user's call, the scan's array it is (or -1), the number it is (0 gamma, 1 lambda, "
+     "or -1) and that number's range; bytes for replay()."},
+    {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
+     "replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds "
+     "(recording, shape, dtype, tuning, two_out) under key(prefix, args, time_dim, "
+     "tuning) and "
+     "every check passes; else None."},
+    {"floor", (PyCFunction)(void (*)(void))floor_, METH_FASTCALL,
+     "floor(out0, out1, threads, *inputs): the benchmark's same-bytes floor: reads each "
+     "input once (1-D, contiguous, float32 or one byte), writes out0 = the sum of the "
+     "float inputs plus the xor of the byte ones and out1 = out0 / 2."},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads, out0, "
      "out1, x, v, nv, term, trunc, boot, g, lm, gs, lms): GAE or TD(lambda) into out0 "

@@ -300,6 +300,39 @@ def _np_of(t, detach, as_u8, shape, strides):
     return _np_view(t.numpy(), shape, strides)
 
 
+def c_prefix(name: str) -> bytes:
+    """An estimator's prefix in the keys of the C replay (``_cpu_c.replay``)."""
+    return name.encode() + b"/"
+
+
+def _record_c(fast, p, out0, out1):
+    """Store the C replay's recording of CpuPlan ``p`` beside it, under the C key of the
+    call, where the C replay can repeat it: the outputs contiguous (it allocates them
+    with torch.empty), no input that requires grad."""
+    key, raw, _ = fast
+    (name, _, time_dim), tune = key[0], key[1]
+    args = raw[:-2]  # the out= slots (None) left out: the C replay gets the arguments
+    if any(a[2] for a in p.arrays) or not out0.is_contiguous() or (
+            out1 is not None and not out1.is_contiguous()):
+        return
+    ckey = _cpu_c.key(c_prefix(name), args, time_dim, tune)
+    if ckey is None:
+        return
+    n = len(args)
+    addr, num, lo, hi = [-1] * n, [-1] * n, [0.0] * n, [0.0] * n
+    for pos, idx, *_ in p.arrays:
+        addr[idx] = pos
+    for pos, idx in p.numbers:
+        num[idx] = pos - 10  # 10: gamma, 11: lambda (the only numbers of the C kernel)
+    for idx, lo_, hi_ in p.checks:
+        lo[idx], hi[idx] = float(lo_), float(hi_)
+    if any(m not in (-1, 0, 1) for m in num):
+        return
+    rec = _cpu_c.recording(p.prepared, tuple(addr), tuple(num), tuple(lo), tuple(hi))
+    if rec is not None:
+        _store(ckey, (rec, tuple(out0.shape), out0.dtype, tune, out1 is not None))
+
+
 class CpuPlan:
     """A recorded CPU call: repeating it with a call's user arguments (same key: shapes,
     strides, dtypes, device) skips validation and the layout work. It rebuilds the
@@ -367,6 +400,8 @@ class CpuPlan:
         # (the key fixes their shapes, strides and dtypes), no numpy view is built
         p.prepared = _cpu_c.prepare(kernel_key, args, threads) if fn is None else None
         p.gl = [template[10], template[11]]
+        if p.prepared is not None:
+            _record_c(fast, p, out0, out1)
         return p
 
     def __call__(self, raw):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core import _autograd, _call, _config, _dispatch, _ops
+from rl_triton_core import _autograd, _call, _config, _cpu_c, _dispatch, _ops
 from rl_triton_core import _validate as check
 from rl_triton_core._layout import Layout, normalize_time_dim
 from rl_triton_core._table import TABLE
@@ -45,9 +45,13 @@ def _front(spec, args: tuple, time_dim, out):
     """The one front door: ``args`` in the table row's order. Under torch.compile the
     row's custom op; with gradients the autograd Function; else the cached launch or
     the checked full path."""
-    raw = args + _call.out_slots(out, spec.n_out)
     if torch.compiler.is_compiling():  # one custom op per estimator in the traced graph
-        return _ops.call(spec, raw, time_dim, out)
+        return _ops.call(spec, args + _call.out_slots(out, spec.n_out), time_dim, out)
+    if out is None and _replay is not None:  # a recorded CPU call, repeated in C
+        res = _replay(_dispatch._PLANS, _PREFIX[spec.name], args, time_dim, _config._current)
+        if res is not None:
+            return res
+    raw = args + _call.out_slots(out, spec.n_out)
     if out is not None:
         _no_grad_out(spec, out, raw)
     if _autograd.wants_grad(spec, raw):
@@ -73,6 +77,8 @@ def _no_grad_out(spec, out, raw):
 
 
 _DATA_SLOTS = ("x", "v", "nv", "boot", "init")
+_replay = _cpu_c.replay
+_PREFIX = {name: _dispatch.c_prefix(name) for name in TABLE}
 _GAE, _TDL, _DISC = TABLE["gae"], TABLE["lambda_returns"], TABLE["discounted_returns"]
 _VTRACE, _RETRACE = TABLE["vtrace"], TABLE["retrace"]
 _TRACES, _CUMSUM, _LINREC = (TABLE["eligibility_traces"], TABLE["episodic_cumsum"],

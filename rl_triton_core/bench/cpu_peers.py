@@ -13,10 +13,12 @@ timing. The floor (:func:`floor_variants`): a vectorised elementwise pass that r
 every input of the call once (the same bytes: the same dtypes, bool flags 1 byte, float
 flags 4) and writes two float32 outputs, preallocated and reused; no recurrence. It runs
 as numpy ufuncs with ``out=`` on one thread and split over two Python threads (numpy
-releases the GIL in its loops), and as torch elementwise ops with ``out=`` under
-``torch.set_num_threads(1)`` and ``(2)``; the row reports the fastest variant's median
-and names it. ``peer / floor`` is about the largest speed-up any implementation could
-show here, ``ours / floor`` how far ours is from it.
+releases the GIL in its loops), as torch elementwise ops with ``out=`` under
+``torch.set_num_threads(1)`` and ``(2)``, and as one fused C pass (``_cscan.floor``:
+each input read once, vectorised, in L1-sized blocks) on one and two threads; the row
+reports the fastest variant's median and names it. ``peer / floor`` is about the
+largest speed-up any implementation could show here, ``ours / floor`` how far ours is
+from it.
 
 ``--fresh`` (:func:`fresh_rows`): in fresh ``python`` processes (one per case), the
 time of each of the first 12 ``gae`` calls on CPU tensors, 20 ms of GIL-holding Python
@@ -187,8 +189,36 @@ def floor_variants(ins, like):
                 torch.set_num_threads(before)
         return call
 
-    return {"numpy 1t": numpy_1t, "numpy 2t": numpy_2t,
-            "torch 1t": torch_threads(1), "torch 2t": torch_threads(2)}
+    variants = {"numpy 1t": numpy_1t, "numpy 2t": numpy_2t,
+                "torch 1t": torch_threads(1), "torch 2t": torch_threads(2)}
+    return {**variants, **c_floor(ins, a0, a1, outs)}
+
+
+def c_floor(ins, a0, a1, outs):
+    """The floor as one fused C pass (``_cscan.floor``: each input read once, in
+    L1-sized blocks, vectorised) on one and on two threads: ``{"C 1t": fn, "C 2t": fn}``
+    writing into the numpy arrays ``a0``, ``a1`` and returning ``outs``; {} where the C
+    extension is not built or an input's dtype is not float32 or one byte."""
+    try:
+        from rl_triton_core import _cscan
+    except ImportError:
+        return {}
+    arrs = []
+    for t in ins:
+        t = t.reshape(-1)
+        if t.dtype == torch.bool:
+            t = t.view(torch.uint8)
+        if t.dtype not in (torch.float32, torch.uint8) or not t.is_contiguous():
+            return {}
+        arrs.append(t.numpy())
+
+    def threads(k):
+        def call():
+            _cscan.floor(a0, a1, k, *arrs)
+            return outs
+        return call
+
+    return {"C 1t": threads(1), "C 2t": threads(2)}
 
 
 def _timed(reps, peer, ours, ins, like):
@@ -504,7 +534,8 @@ def cpu_report(reps=30, rounds=1, fresh=True, cold=False, tokens=True, peers=Tru
         extra, note = token_rows(reps) if tokens else ([], None)
         lines += ["", f"Peers: {rounds} round(s) of {reps} interleaved calls, each cell the "
                       "median (range over rounds) of the per-round medians; floor: the "
-                      "fastest of numpy/torch, 1/2 threads (variant named).", ""]
+                      "fastest of numpy, torch and one fused C pass, on 1 and 2 threads "
+                      "(variant named).", ""]
         lines += peer_table(rs, extra)
         if note:
             lines += ["", note]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import rl_triton_core as rc
-from rl_triton_core import _cpu_c, _dispatch, reference
+from rl_triton_core import _cpu_c, _dispatch, estimators, reference
 
 pytestmark = [
     pytest.mark.skipif(not _cpu_c.available(), reason="the C kernel is not built"),
@@ -273,6 +273,16 @@ def test_forced_numba_and_unhandled_variants_take_numba(monkeypatch):
     monkeypatch.setattr(_cpu_c, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(_cpu_c, "run_prepared",  # a replay of a recorded call
                         lambda *a, **k: calls.append(1) or real_prepared(*a, **k))
+    if estimators._replay is not None:  # the C replay of a recorded call: a hit counts
+        real_c = estimators._replay
+
+        def c_replay(*a):
+            res = real_c(*a)
+            if res is not None:
+                calls.append(1)
+            return res
+
+        monkeypatch.setattr(estimators, "_replay", c_replay)
     g = _gen(5)
     r, v = torch.randn(50, 8, generator=g), torch.randn(50, 8, generator=g)
     d = torch.rand(50, 8, generator=g) < 0.1

@@ -1,5 +1,6 @@
-"""The CPU path's cached call (rl_triton_core._dispatch.CpuPlan): a repeated call with the
-same shapes, strides and dtypes replays the recorded numba call without validation. It
+"""The CPU path's cached call (rl_triton_core._dispatch.CpuPlan, and its C replay
+``_cscan.replay`` where torch has the DLPack C exchange table): a repeated call with the
+same shapes, strides and dtypes replays the recorded call without validation. It
 must give the full path's bits, read the call's own numbers, and leave to the full path
 whatever it checks by value (a coefficient out of range, a per-step coefficient tensor)
 or by environment (the backend)."""
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import rl_triton_core as rc
-from rl_triton_core import _cpu_first, _dispatch
+from rl_triton_core import _cpu_first, _dispatch, estimators
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("RL_TRITON_CORE_BACKEND", "auto") == "triton",
@@ -33,6 +34,16 @@ def plans(monkeypatch):
         return res
 
     monkeypatch.setattr(_dispatch.CpuPlan, "__call__", spy)
+    if estimators._replay is not None:  # the C replay: a hit is a replay, a miss goes on
+        real_c = estimators._replay
+
+        def cspy(*a):
+            res = real_c(*a)
+            if res is not None:
+                replays.append(res)
+            return res
+
+        monkeypatch.setattr(estimators, "_replay", cspy)
     return replays
 
 

@@ -1,0 +1,176 @@
+"""The C replay of a recorded CPU call (``_cscan.replay``, reached from the estimators'
+front door): it must return the full path's bits, and hand every call it cannot repeat
+exactly to the Python path, which then checks, records or raises as before."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import rl_triton_core as rc
+from rl_triton_core import _dispatch, estimators
+
+pytestmark = [
+    pytest.mark.skipif(estimators._replay is None,
+                       reason="no C replay (extension not built, or no DLPack C table)"),
+    pytest.mark.skipif(os.environ.get("RL_TRITON_CORE_BACKEND", "auto") == "triton",
+                       reason="the CPU path only"),
+]
+
+
+@pytest.fixture
+def hits(monkeypatch):
+    """A fresh plan cache; ``hits``: the C replay's results that were not None."""
+    monkeypatch.setattr(_dispatch, "_PLANS", {})
+    got = []
+    real = estimators._replay
+
+    def spy(*a):
+        res = real(*a)
+        if res is not None:
+            got.append(res)
+        return res
+
+    monkeypatch.setattr(estimators, "_replay", spy)
+    return got
+
+
+def _full(monkeypatch, fn):
+    """The call on the checked full path (no plan recorded or replayed)."""
+    with monkeypatch.context() as m:
+        m.setattr(_dispatch, "_PLANS", {})
+        m.setattr(_dispatch, "_store", lambda key, plan: None)
+        return fn()
+
+
+def _bits(a, b):
+    a = a if isinstance(a, tuple) else (a,)
+    b = b if isinstance(b, tuple) else (b,)
+    return len(a) == len(b) and all(
+        x.dtype == y.dtype and x.shape == y.shape and x.stride() == y.stride()
+        and np.array_equal(x.numpy(), y.numpy(), equal_nan=True) for x, y in zip(a, b))
+
+
+def _case(g, i):
+    """Random data of case i: layout, flags' dtype, bootstrap or next values, numbers."""
+    B = int(torch.randint(1, 40, (), generator=g))
+    T = int(torch.randint(1, 300, (), generator=g))
+    dtype = (torch.float32, torch.float64)[i % 2]
+    time_major = i % 3 == 0
+    shape = (T, B) if time_major else (B, T)
+    r, v = torch.randn(shape, generator=g, dtype=dtype), torch.randn(shape, generator=g,
+                                                                     dtype=dtype)
+    p = float(torch.rand((), generator=g)) * 0.1
+    flag = (torch.bool, torch.float32, torch.uint8)[i % 3]
+    te = (torch.rand(shape, generator=g) < p).to(flag)
+    tr = (torch.rand(shape, generator=g) < p).to(flag)
+    if i % 4 == 1:  # a stream view: every other column of a wider tensor
+        wide = torch.randn(shape[0], 2 * shape[1], generator=g, dtype=dtype)
+        r = wide[:, ::2]
+    kw = dict(gamma=float(torch.rand((), generator=g)),
+              lmbda=float(torch.rand((), generator=g)), time_dim=0 if time_major else -1)
+    if i % 5 == 2:
+        kw["bootstrap_value"] = torch.randn(B, generator=g, dtype=dtype)
+    if i % 5 == 3:
+        kw["next_values"] = torch.randn(shape, generator=g, dtype=dtype)
+    return r, v, te, tr, kw
+
+
+NAMES = ("gae", "lambda_returns", "discounted_returns")
+
+
+def _call(name, r, v, te, tr, kw):
+    if name == "discounted_returns":
+        kw = {k: x for k, x in kw.items() if k not in ("lmbda", "next_values")}
+        return rc.discounted_returns(r, te, tr, **kw)
+    return getattr(rc, name)(r, v, te, tr, **kw)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_replay_equals_full_path(name, hits, monkeypatch):
+    seed = int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator().manual_seed(seed)
+    for i in range(12):
+        r, v, te, tr, kw = _case(g, i)
+        before = [t.clone() for t in (r, v, te, tr)]
+        first = _call(name, r, v, te, tr, kw)
+        n = len(hits)
+        # new data of the same key: the replay reads these tensors and these numbers
+        r2, v2, te2, tr2 = (t.clone() if t.is_contiguous() else t for t in (r, v, te, tr))
+        r2 = r2 + 1 if r2.is_contiguous() else r2
+        kw2 = dict(kw, gamma=kw["gamma"] / 2)
+        got = _call(name, r2, v2, te2, tr2, kw2)
+        want = _full(monkeypatch, lambda a=(r2, v2, te2, tr2, kw2): _call(name, *a))
+        assert _bits(got, want), f"{name} case {i} seed={seed}"
+        assert _bits(_full(monkeypatch, lambda a=(r, v, te, tr, kw): _call(name, *a)), first)
+        assert all(torch.equal(a, b) for a, b in zip((r, v, te, tr), before))
+        if r.dtype == torch.float32 and r.is_contiguous():
+            assert len(hits) == n + 1, f"{name} case {i}: the C replay did not take it"
+
+
+def test_outputs_are_ordinary_tensors(hits):
+    r, v = torch.randn(4, 20), torch.randn(4, 20)
+    d = torch.rand(4, 20) < 0.1
+    rc.gae(r, v, d, time_dim=-1)
+    adv, ret = rc.gae(r, v, d, time_dim=-1)
+    assert len(hits) == 1
+    assert adv.is_contiguous() and adv.untyped_storage().resizable() and adv._base is None
+    assert adv.data_ptr() != ret.data_ptr() and not adv.requires_grad
+    adv.resize_(100)  # a tensor of torch's own allocator
+
+
+def test_grad_and_subclasses_take_the_python_path(hits):
+    r, v = torch.randn(4, 20), torch.randn(4, 20)
+    d = torch.rand(4, 20) < 0.1
+    rc.gae(r, v, d, time_dim=-1)
+    vg = v.clone().requires_grad_()
+    adv, _ = rc.gae(r, vg, d, time_dim=-1)
+    assert adv.requires_grad and not hits
+    adv.sum().backward()
+    assert vg.grad is not None
+    with torch.no_grad():
+        rc.gae(r, vg, d, time_dim=-1)
+    assert not hits  # a tensor that requires grad never replays in C
+    rc.gae(r, torch.nn.Parameter(v, requires_grad=False), d, time_dim=-1)
+    assert not hits  # a subclass neither
+    rc.gae(r, v, d, time_dim=-1)
+    assert len(hits) == 1
+
+
+def test_metadata_changed_in_place_is_a_new_key(hits, monkeypatch):
+    r, v = torch.randn(4, 20), torch.randn(4, 20)
+    d = torch.rand(4, 20) < 0.1
+    rc.gae(r, v, d, time_dim=-1)
+    for t in (r, v):
+        t.resize_(5, 16).normal_()
+    d = torch.rand(5, 16) < 0.1
+    got = rc.gae(r, v, d, time_dim=-1)
+    assert not hits and got[0].shape == (5, 16)
+    assert _bits(got, _full(monkeypatch, lambda: rc.gae(r, v, d, time_dim=-1)))
+    r.t_()  # the same object, transposed: another key again
+    v.t_()
+    got = rc.gae(r, v, d.t(), time_dim=0)
+    assert not hits
+    assert _bits(got, _full(monkeypatch, lambda: rc.gae(r, v, d.t(), time_dim=0)))
+
+
+def test_checks_and_switches_go_to_the_python_path(hits, monkeypatch):
+    r, v = torch.randn(4, 20), torch.randn(4, 20)
+    d = torch.rand(4, 20) < 0.1
+    rc.gae(r, v, d, time_dim=-1)
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="gamma"):
+            rc.gae(r, v, d, gamma=bad, time_dim=-1)
+    with pytest.raises(TypeError):
+        rc.gae(r, v, d, time_dim=True)  # a bool is not the int it equals
+    with rc.tuning(cpu_threads=1):  # another tuning: recorded apart
+        rc.gae(r, v, d, time_dim=-1)
+    assert not hits
+    monkeypatch.setenv("RL_TRITON_CORE_CPU_KERNEL", "numba")
+    monkeypatch.setenv("RL_TRITON_CORE_CPU_FIRST", "0")
+    rc.gae(r, v, d, time_dim=-1)
+    assert not hits
+    monkeypatch.delenv("RL_TRITON_CORE_CPU_KERNEL")
+    rc.gae(r, v, d, time_dim=-1)
+    assert len(hits) == 1
