@@ -106,6 +106,7 @@ typedef struct {
 } ctx_t;
 
 INLINE ssz off3(const arr_t *a, ssz n, ssz N2) {
+    if (N2 == 1) return n * a->s0; /* no division (a stream a row, the common case) */
     return (n / N2) * a->s0 + (n % N2) * a->s1;
 }
 
@@ -986,8 +987,6 @@ MULTIVERSION static void *run_job(void *arg) {
     }
 #if VEC8
     else if (c->fast) {
-        const ssz N2 = c->N2;
-        (void)N2;
         for (ssz lo; (lo = take_units(j)) < j->units;) {
             const ssz hi = lo + j->chunk < j->units ? lo + j->chunk : j->units;
             fast_streams(c, lo, hi);
@@ -1355,6 +1354,7 @@ static Py_ssize_t call_key(PyObject *prefix, PyObject *args, PyObject *time_dim,
                 return 0;
             }
             const int nd = d->ndim;
+            if (d->device.device_type != DL_CPU) return 0; /* recordings are of CPU calls */
             if (nd < 0 || nd > KEY_DIMS || k + 24 + 16 * nd > end) return 0;
             *k++ = 'T';
             *k++ = (char)nd;
