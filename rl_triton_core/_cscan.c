@@ -1564,19 +1564,21 @@ fail:
 /* ---- The benchmark's same-bytes floor -------------------------------------------------
  *
  * floor(out0, out1, threads, *inputs): reads every input once and writes two outputs,
- * o0 = the sum of the float32 inputs plus the xor of the byte ones, o1 = o0 / 2, no
+ * o0 = the sum of the float32 inputs plus the xor of the byte ones and of the int64 ones
+ * read as flags (nonzero: set), o1 = o0 / 2, no
  * recurrence: what any kernel reading and writing these arrays must at least move, done
  * the fastest way this C compiler knows (vectors over blocks of 2,048 elements that stay
  * in L1 between the passes; the inputs split over `threads` threads). Arrays: 1-D,
- * contiguous, one length; float32 or one byte each. */
+ * contiguous, one length; float32, one byte or int64 each. */
 
 #define FLOOR_MAX 8
 #define FLOOR_BLOCK 2048
 
 typedef struct {
-    int nf, nb, parts;
+    int nf, nb, nq, parts;
     const float *f[FLOOR_MAX];
     const unsigned char *b[FLOOR_MAX];
+    const int64_t *q[FLOOR_MAX];
     float *o0, *o1;
     ssz n;
     ssz next;
@@ -1596,14 +1598,18 @@ MULTIVERSION static void floor_range(const floor_t *F, ssz lo, ssz hi) {
             NOALIAS
             for (ssz i = 0; i < e; i++) p[i] += fj[i];
         }
-        if (F->nb) {
-            const unsigned char *restrict q0 = F->b[0] + b0;
+        if (F->nb || F->nq) {
             NOALIAS
-            for (ssz i = 0; i < e; i++) m[i] = q0[i];
-            for (int j = 1; j < F->nb; j++) {
+            for (ssz i = 0; i < e; i++) m[i] = 0;
+            for (int j = 0; j < F->nb; j++) {
                 const unsigned char *restrict qj = F->b[j] + b0;
                 NOALIAS
                 for (ssz i = 0; i < e; i++) m[i] ^= qj[i];
+            }
+            for (int j = 0; j < F->nq; j++) { /* 8-byte integers (a mask): set where nonzero */
+                const int64_t *restrict qj = F->q[j] + b0;
+                NOALIAS
+                for (ssz i = 0; i < e; i++) m[i] ^= (unsigned char)(qj[i] != 0);
             }
             NOALIAS
             for (ssz i = 0; i < e; i++) p[i] += (float)m[i];
@@ -1652,17 +1658,20 @@ static PyObject *floor_(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         const ssz n = b->itemsize ? b->len / b->itemsize : 0;
         if (F.n == 0 && i == 0) F.n = n;
         const char fmt = b->format ? b->format[b->format[0] == '<' || b->format[0] == '='] : 'B';
-        if (n != F.n || (out && fmt != 'f') || (b->itemsize != 4 && b->itemsize != 1) ||
-            (b->itemsize == 4 && fmt != 'f')) {
+        const int q8 = b->itemsize == 8 && (fmt == 'q' || fmt == 'l');
+        if (n != F.n || (out && fmt != 'f') ||
+            (b->itemsize != 4 && b->itemsize != 1 && !q8) || (b->itemsize == 4 && fmt != 'f')) {
             PyErr_SetString(PyExc_ValueError,
                             "_cscan.floor: 1-D contiguous arrays of one length, float32 "
-                            "outputs, float32 or one-byte inputs");
+                            "outputs, float32, one-byte or int64 inputs");
             ok = 0;
         } else if (out) {
             if (i == 0) F.o0 = (float *)b->buf;
             else F.o1 = (float *)b->buf;
         } else if (b->itemsize == 4) {
             F.f[F.nf++] = (const float *)b->buf;
+        } else if (q8) {
+            F.q[F.nq++] = (const int64_t *)b->buf;
         } else {
             F.b[F.nb++] = (const unsigned char *)b->buf;
         }
@@ -1757,8 +1766,8 @@ static PyMethodDef methods[] = {
      "every check passes; else None."},
     {"floor", (PyCFunction)(void (*)(void))floor_, METH_FASTCALL,
      "floor(out0, out1, threads, *inputs): the benchmark's same-bytes floor: reads each "
-     "input once (1-D, contiguous, float32 or one byte), writes out0 = the sum of the "
-     "float inputs plus the xor of the byte ones and out1 = out0 / 2."},
+     "input once (1-D, contiguous, float32, one byte or int64), writes out0 = the sum of "
+     "the float inputs plus the xor of the others as flags, and out1 = out0 / 2."},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads, out0, "
      "out1, x, v, nv, term, trunc, boot, g, lm, gs, lms): GAE or TD(lambda) into out0 "
