@@ -695,6 +695,28 @@ INLINE void coefs16(const int gae, v16f x, v16f v, v16f nv, v16i te, v16i tr, v1
     }
 }
 
+/* whether a flag is set in the 16 steps [t, t + 16): contiguous flags tested on their
+ * bits (bytes as two words, float32 without the sign: -0 is not set), the others as
+ * ldm reads them */
+INLINE int any_flag16(const views_t *f, ssz t, const int cont) {
+    if (cont && f->te.k == K_I8) {
+        uint64_t w[2], u[2] = {0, 0};
+        memcpy(w, f->te.p + t, 16);
+        if (f->tr.p) memcpy(u, f->tr.p + t, 16);
+        return ((w[0] | w[1]) | (u[0] | u[1])) != 0;
+    }
+    if (cont) {
+        v16i bits, other = {0};
+        memcpy(&bits, f->te.p + 4 * t, 64);
+        if (f->tr.p) memcpy(&other, f->tr.p + 4 * t, 64);
+        return any16((bits | other) & 0x7fffffff);
+    }
+    const v16i none = {0};
+    const v16i te = ldm(f->te.p, f->te.s, f->te.k, t, 16, 0);
+    const v16i tr = f->tr.p ? ldm(f->tr.p, f->tr.s, f->tr.k, t, 16, 0) : none;
+    return any16(te | tr);
+}
+
 /* 16 steps [t, t + m) of a stream from the carry cv: their h, stored; v_next: V_{t+m}
  * (shifted values) where t + m < T, else the bootstrap (or 0) */
 /* how often the flag-free path found no flag (per walk: both paths give the same bits,
@@ -724,16 +746,12 @@ INLINE v16f fast16(const ctx_t *c, const views_t *f, ssz t, ssz m, v16f cv, floa
         nv = __builtin_shuffle(v, zero, up);
         nv[m - 1] = v_next;
     }
-    const v16i te = ldm(f->te.p, f->te.s, f->te.k, t, m, cont);
-    const v16i tr = f->tr.p ? ldm(f->tr.p, f->tr.s, f->tr.k, t, m, cont) : none;
     const v16f gv = !cont && f->g.p ? ldf(f->g.p, f->g.s, f->g.k, t, m, 0) : zero + (float)c->gs;
     const v16f lv = !cont && f->l.p ? ldf(f->l.p, f->l.s, f->l.k, t, m, 0) : zero + (float)c->lms;
-    v16i nonext = none; /* past the stream's last step */
-    if (t + m >= c->T) nonext[m - 1] = -1;
     v16f a, b;
     if (kc && m == 16 && t + 16 < c->T && try_const(tries)) {
         tries->tried++;
-        if (!any16(te | tr)) {
+        if (!any_flag16(f, t, cont)) {
             /* no flag set: every beta is gamma lambda, whose scan16 maps kc holds */
             coefs16(gae, x, v, nv, none, none, gv, lv, none, &a, &b);
             const v16f h = scan16c(a, kc, cv);
@@ -743,6 +761,10 @@ INLINE v16f fast16(const ctx_t *c, const views_t *f, ssz t, ssz m, v16f cv, floa
         }
         tries->flagged++;
     }
+    const v16i te = ldm(f->te.p, f->te.s, f->te.k, t, m, cont);
+    const v16i tr = f->tr.p ? ldm(f->tr.p, f->tr.s, f->tr.k, t, m, cont) : none;
+    v16i nonext = none; /* past the stream's last step */
+    if (t + m >= c->T) nonext[m - 1] = -1;
     coefs16(gae, x, v, nv, te, tr, gv, lv, nonext, &a, &b);
     if (m < 16) { /* lanes past the stream's end: alpha 0 (h_T = 0), beta 1 */
         for (ssz k = m; k < 16; k++) {
