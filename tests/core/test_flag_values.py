@@ -12,7 +12,7 @@ def _flags(gen, shape, kind):
     """A flag tensor of ``kind`` with values other than 0/1, and its bool reading."""
     pick = torch.randint(0, 6, shape, generator=gen)
     if kind == "float":
-        table = torch.tensor([0.0, 0.0, 0.0, 2.0, -1.0, float("nan")])
+        table = torch.tensor([0.0, -0.0, 0.0, 2.0, -1.0, float("nan")])  # -0.0 is not set
         f = table[pick]
     else:  # uint8
         f = torch.tensor([0, 0, 0, 2, 7, 255], dtype=torch.uint8)[pick]
@@ -54,6 +54,35 @@ def test_nonzero_flags_read_as_set(kind, impl, gen):
         want = want if isinstance(want, tuple) else (want,)
         for g, w in zip(got, want):
             assert torch.isfinite(g).all(), name
+            torch.testing.assert_close(g, w, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["float", "uint8"])
+def test_sparse_flags_read_as_set(kind, impl, gen):
+    """Long streams with few flags (most 16-step vectors have none, where the CPU's fast
+    walk tests a vector's flags on their bits), unset ones written -0.0 in float."""
+    shape = (2, 1000)
+    dev = impl.device
+    r, v, nv = (torch.randn(shape, generator=gen).to(dev) for _ in range(3))
+    b = torch.randn(shape[0], generator=gen).to(dev)
+    pick = torch.rand(shape, generator=gen) < 0.004
+    if kind == "float":
+        te = torch.where(pick, torch.tensor(float("nan")), torch.tensor(-0.0))
+        te[:, ::97] = -0.0
+        tr = torch.where(torch.rand(shape, generator=gen) < 0.004, torch.tensor(-3.0),
+                         torch.tensor(0.0))
+    else:
+        te = torch.where(pick, torch.tensor(9, dtype=torch.uint8), torch.tensor(0,
+                         dtype=torch.uint8))
+        tr = (torch.rand(shape, generator=gen) < 0.004).to(torch.uint8) * 200
+    te, tr = te.to(dev), tr.to(dev)
+    for name, call in _cases(r, v, nv, r, b, r, b).items():
+        if name in ("vtrace", "retrace", "eligibility_traces", "episodic_cumsum"):
+            continue
+        got, want = call(te, tr), call(te.bool(), tr.bool())
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=0, atol=0, msg=name)
 
 
