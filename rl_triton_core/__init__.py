@@ -23,6 +23,7 @@ serve them all.
 
 from rl_triton_core._config import Tuning, current_tuning, tuning
 from rl_triton_core._report import backend_for, describe
+from rl_triton_core._version import __version__ as __version__
 from rl_triton_core.estimators import (
     discounted_returns,
     eligibility_traces,
@@ -57,4 +58,3 @@ __all__ = [
     "tuning",
     "current_tuning",
 ]
-__version__ = "0.2.0"

@@ -14,6 +14,7 @@ import os
 import torch
 
 from rl_triton_core import _cpu_c, _dispatch
+from rl_triton_core._version import __version__
 
 __all__ = ["backend_for", "describe"]
 
@@ -78,8 +79,6 @@ def describe(x=None) -> str:
         >>> any(line.startswith("CPU kernels: ") for line in report.splitlines())
         True
     """
-    from rl_triton_core import __version__
-
     lines = [f"rl_triton_core {__version__}", f"torch {torch.__version__}"
              + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)"),
              f"triton {_version('triton') or 'not installed'}",

@@ -11,7 +11,7 @@ each row is "n/a" with the reason when it is absent. Use tag v0.1.3::
     python -m rl_triton_core.bench --peers rl_triton,pufferlib --rl-triton-src .peers/rl-triton
 
 Both take their own input conventions, which :func:`make` builds once per case
-outside the timed call (as :func:`peers._explicit_next_values` does for TorchRL),
+outside the timed call (as :func:`_inputs._explicit_next_values` does for TorchRL),
 only where that gives our numbers (the harness checks every peer row against the
 float64 reference before timing it, so a wrong mapping shows as WRONG):
 
@@ -57,6 +57,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from rl_triton_core.bench._inputs import _explicit_next_values
 
 __all__ = ["Skip", "ENV", "APPLIES", "source", "rl_triton_version", "pufferlib_desc", "make"]
 
@@ -183,8 +185,6 @@ def _boot_values(nv, trunc, last):
 
 
 def _make_rl_triton(estimator, d, opts):
-    from rl_triton_core.bench.peers import _explicit_next_values
-
     if estimator not in RL_TRITON_ESTIMATORS:
         raise Skip(f"rl-triton has no {estimator}")
     if estimator == "retrace":
@@ -372,8 +372,6 @@ def _load_pufferlib(opts, device):
 
 
 def _make_pufferlib(estimator, d, opts):
-    from rl_triton_core.bench.peers import _explicit_next_values
-
     if estimator != "gae":
         raise Skip("PufferLib's advantage kernel is GAE only")
     if d.next_values is not None:

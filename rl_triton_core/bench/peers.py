@@ -34,6 +34,7 @@ import time
 import torch
 
 from rl_triton_core.bench import ext_peers
+from rl_triton_core.bench._inputs import _explicit_next_values
 from rl_triton_core.bench.ext_peers import Skip
 
 __all__ = ["Skip", "PEERS", "APPLIES", "make_floor", "make_peer", "floor_config"]
@@ -310,17 +311,6 @@ def torchrl_version():
 
 
 # --------------------------------------------------------------------------- dispatch
-
-
-def _explicit_next_values(d):
-    """V'_t as a tensor in the case's layout (TorchRL's API needs one): ``next_values``
-    when the case passes them, else the shifted values with the bootstrap at the end.
-    Built once per case, outside the timed call."""
-    if d.next_values is not None:
-        return d.next_values
-    v = d.values
-    td = d.time_dim % v.dim()
-    return torch.cat([v.narrow(td, 1, v.shape[td] - 1), d.bootstrap.unsqueeze(td)], dim=td)
 
 
 def make_peer(name: str, estimator: str, d, opts):
