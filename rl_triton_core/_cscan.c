@@ -1343,7 +1343,7 @@ typedef struct { /* DLPack 1.x's DLPackExchangeAPI: the entries used here, in or
 
 static const dl_api_t *dl_api;        /* torch's exchange table, or NULL: no replay */
 static PyTypeObject *tensor_type;     /* torch.Tensor (subclasses take the Python path) */
-static PyObject *torch_empty, *s_requires_grad, *kw_dtype;
+static PyObject *torch_empty, *s_requires_grad, *s_is_neg, *kw_dtype;
 
 /* A recorded call: the scan and where each of the user's arguments goes. */
 typedef struct {
@@ -1427,6 +1427,7 @@ static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_RETURN_FALSE;
     if (!s_requires_grad && !(s_requires_grad = PyUnicode_InternFromString("requires_grad")))
         return NULL;
+    if (!s_is_neg && !(s_is_neg = PyUnicode_InternFromString("is_neg"))) return NULL;
     if (!kw_dtype && !(kw_dtype = Py_BuildValue("(s)", "dtype"))) return NULL;
     Py_INCREF(args[0]);
     Py_INCREF(args[2]);
@@ -1548,11 +1549,17 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; i < rp->nargs; i++) {
         PyObject *a = PyTuple_GET_ITEM(call_args, i);
         if (Py_IS_TYPE(a, tensor_type)) {
-            /* a tensor that requires grad takes the Python path (autograd, or detach) */
+            /* a tensor that requires grad takes the Python path (autograd, or detach);
+             * so does a view with the negative bit (x.conj().imag): DLPack describes its
+             * memory, not its values */
             PyObject *rg = PyObject_GetAttr(a, s_requires_grad);
             if (!rg) return NULL;
             Py_DECREF(rg);
             if (rg != Py_False) Py_RETURN_NONE;
+            PyObject *ng = PyObject_CallMethodNoArgs(a, s_is_neg);
+            if (!ng) return NULL;
+            Py_DECREF(ng);
+            if (ng != Py_False) Py_RETURN_NONE;
             if (rp->addr[i] >= 0 && arrs[rp->addr[i]]->p) arrs[rp->addr[i]]->p = dl[i].data;
         } else if (rp->num[i] >= 0) {
             const double x = PyFloat_AsDouble(a);
