@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, a kernel table (ours vs the floor only), the benchmark.
 # Logs and tables go to $OUT.
-# usage: bash scripts/gpu_session.sh [multigpu|fuzz|llm|verl|tests|backward|sweep|lookback|quick|bench|full|
+# usage: bash scripts/gpu_session.sh [multigpu|fuzz|llm|verl|tests|backward|lookback|quick|bench|full|
 #        hostcost|compare|interleave|rllib|peers|all]
 #        [bench args...]
 # Pass RL_TRITON_COMMIT=<sha> from the development machine: the device's git may be stale.
@@ -105,16 +105,7 @@ if [[ $what == backward || $what == all ]]; then
   timeout ${BACKWARD_TIMEOUT:-150} python scripts/backward_bench.py --out "$OUT/backward.md" > "$OUT/backward.log" 2>&1
   tail -30 "$OUT/backward.md"
 fi
-if [[ $what == sweep ]]; then  # the time-major tiles, staged (pipelined) ones included
-  timeout ${SWEEP_TIMEOUT:-200} python scripts/tile_sweep.py --layouts tm \
-    --shapes ${SWEEP_SHAPES:-4096x128,16384x512,65536x1024,1024x4096} \
-    --deadline-s $(( ${SWEEP_TIMEOUT:-200} - 20 )) --out "$OUT/tm_sweep.md" > "$OUT/tm_sweep.log" 2>&1
-  cat "$OUT/tm_sweep.md"
-fi
-if [[ $what == lookback ]]; then  # segmented plans: three launches against one look-back launch
-  timeout ${LOOKBACK_TIMEOUT:-120} python scripts/lookback_bench.py --out "$OUT/lookback.md" \
-    > "$OUT/lookback.log" 2>&1
-  cat "$OUT/lookback.md"
+if [[ $what == lookback ]]; then  # the core GPU tests with the look-back forced on
   RL_TRITON_CORE_LOOKBACK=1 timeout ${TEST_TIMEOUT:-240} python -m pytest tests/core -m gpu -q -n 8 \
     -p no:cacheprovider -W ignore > "$OUT/lookback_tests.log" 2>&1
   grep -E "^FAILED|passed|failed|error" "$OUT/lookback_tests.log" | tail -10
