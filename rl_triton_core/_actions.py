@@ -369,7 +369,7 @@ def _fused_tile(T: int) -> tuple:
     in one chunk, one row a program from 64 steps (2 and 4 rows of 32 and 16 steps), one
     step a thread for rows of 64-512 steps, two for shorter rows, four at 1024 steps: the
     per-action loads of a warp then span few rows, and many small programs hide their
-    latency. Measured on the H200 (A = 6, device time, ``scripts/rfa_tiles.py``,
+    latency. Measured on the H200 (A = 6, device time, rfa_tiles.py at 50f9ca7,
     docs/bench/h200-2026-12-03-rfa-tiles.md): 512x128 4.4 -> 3.2 µs, 4096x128 15.4 -> 10.6, 32768x32
     51.9 -> 25.9, 16384x16 18.6 -> 6.9, 16384x512 211 -> 173 against the scan's tiles."""
     tp = max(16, triton.next_power_of_2(max(T, 1)))

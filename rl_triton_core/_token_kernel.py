@@ -440,7 +440,7 @@ def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
     """(BT, num_warps, K) of the scan of ``n_rows`` responses of about ``n_tokens``
     tokens: BT tokens per step, rows of 4K consecutive tokens per thread (BT a multiple
     of 4K, all powers of two)."""
-    # Measured on the H200 (scripts/token_sweep.py, device time; docs/notes.md, "Token
+    # Measured on the H200 (token_sweep.py at 50f9ca7, device time; docs/notes.md, "Token
     # kernel"): the prefetch of the next chunk paid at every shape; 4096x16384 best at
     # 256 tokens and 2 warps, 1024x8192 at 512 and 2, 256x4096 (256 programs, one per
     # response) at 1024 and 8, all with rows of 4 tokens (K = 1): longer rows (K = 2, 4)
@@ -461,7 +461,7 @@ def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
 
 
 # (programs per SM at most, BLOCK, num_warps) of the whitening pass: swept on the H200
-# (scripts/token_sweep.py --whiten-tiles; docs/notes.md, "Token whitening pass"): no setting faster
+# (token_sweep.py at 50f9ca7; docs/notes.md, "Token whitening pass"): no setting faster
 WHITEN_TILE = (16, 1024, 4)
 
 

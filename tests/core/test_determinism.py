@@ -10,7 +10,7 @@ and off, under each plan, forced with the tuning knobs:
 * ``look_back``: one launch with the look-back over maps, a segment per chunk of steps
   (``segment_len=16`` makes every shape segmented, also T = 128);
 * ``look_back_natural``: the look-back forced on, time split where the planner splits it
-  (as scripts/determinism_check.py's ``look_back``);
+  (as determinism_check.py's ``look_back`` at 50f9ca7);
 * ``default``: whatever the planner picks (the look-back where it measured to pay:
   time-major 4096x128, 512x128 and 16x131072, batch-major 256x1024 on 132 SMs).
 
