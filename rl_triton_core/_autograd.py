@@ -587,5 +587,6 @@ class _Estimator(torch.autograd.Function):
 def apply(spec: Estimator, raw: tuple, time_dim, out_arg=None):
     """Run a differentiable estimator with a backward pass (the differentiable inputs
     are ``spec.grads``, taken from ``raw``)."""
+    raw = _call.values(raw)  # negative-bit views as their values (differentiably)
     diff = tuple(_arg(spec, raw, n) for n in spec.grads)
     return _Estimator.apply(spec, raw, time_dim, out_arg, *diff)

@@ -67,8 +67,25 @@ def forward(spec: Estimator, raw: tuple, time_dim, out_arg=None):
                          fast=(key, raw, index(spec)))
 
 
+def values(raw: tuple) -> tuple:
+    """``raw`` with every tensor that has the negative bit (a view such as
+    ``z.conj().imag``, whose memory holds its values' negatives) replaced by its values
+    (``resolve_neg``, a copy): the kernels read memory. The tuple itself where none has
+    it."""
+    if not any(type(t) is torch.Tensor and t.is_neg() for t in raw):
+        return raw
+    return tuple(t.resolve_neg() if isinstance(t, torch.Tensor) and t.is_neg() else t
+                 for t in raw)
+
+
 def prepare(spec: Estimator, raw: tuple, time_dim, out_arg=None) -> Call:
     """Validate a call's arguments (see the module docstring for ``raw``)."""
+    raw = values(raw)
+    for o in (out_arg if type(out_arg) in (tuple, list) else (out_arg,)):
+        if isinstance(o, torch.Tensor) and o.is_neg():
+            raise ValueError("out: a tensor with the negative bit set (a view such as "
+                             "z.conj().imag) cannot be written into; pass a tensor that "
+                             "holds its values (.resolve_neg(), or a new tensor)")
     args = dict(zip(spec.args, raw))
     for name in spec.required:
         check.tensor(name, args[name], flag=name in ("terminated", "done"))

@@ -56,7 +56,9 @@ _NUMBER = "#"  # a number's mark in a key: equal to no bool (0 == False, 1 == Tr
 
 
 def _key_of(prefix, raw, tune):
-    # flat: a tensor adds six entries, led by its shape (a tuple); anything else one
+    # flat: a tensor adds seven entries, led by its shape (a tuple); anything else one.
+    # The negative bit: such a view's memory is not its values (the full path resolves
+    # it into a copy, which is never recorded), so it must not find a plain call's plan
     key = [prefix, tune]
     add = key.append
     for s in raw:
@@ -68,6 +70,7 @@ def _key_of(prefix, raw, tune):
             add(s.device)
             add(s.data_ptr() & 15)
             add(s.requires_grad)
+            add(s.is_neg())
         elif s is None:
             add(None)
         elif kind is float or kind is int:
@@ -209,6 +212,8 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, lik
 
     def host(t):
         t = t.detach()
+        if t.is_neg():  # a view with the negative bit (z.conj().imag): numpy needs values
+            t = t.resolve_neg()
         if not on_cpu:
             t = t.cpu()
         if t.dtype in (torch.float16, torch.bfloat16):
