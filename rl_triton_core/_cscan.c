@@ -1527,21 +1527,25 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *k = PyBytes_FromStringAndSize(buf, n);
     if (!k) return NULL;
-    PyObject *rec = PyDict_GetItemWithError(args[0], k); /* borrowed */
+    PyObject *rec = PyDict_GetItemWithError(args[0], k);
     Py_DECREF(k);
     if (!rec) {
         if (PyErr_Occurred()) return NULL;
         Py_RETURN_NONE;
     }
+    /* held: the getters below can run Python code (a torch function mode), which could
+     * drop the plan from the dictionary */
+    Py_INCREF(rec);
+    PyObject *out0 = NULL, *out1 = NULL, *res = NULL;
     if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 5 ||
         PyTuple_GET_ITEM(rec, 3) != args[4])
-        Py_RETURN_NONE; /* recorded under another tuning */
+        goto none; /* recorded under another tuning */
     PyObject *blob = PyTuple_GET_ITEM(rec, 0);
     if (!PyBytes_Check(blob) || PyBytes_GET_SIZE(blob) != (Py_ssize_t)sizeof(replay_t))
-        Py_RETURN_NONE;
+        goto none;
     const replay_t *rp = (const replay_t *)PyBytes_AS_STRING(blob);
     PyObject *call_args = args[2];
-    if (PyTuple_GET_SIZE(call_args) != rp->nargs) Py_RETURN_NONE;
+    if (PyTuple_GET_SIZE(call_args) != rp->nargs) goto none;
     prepared_t pr = rp->pr;
     ctx_t *c = &pr.c;
     arr_t *arrs[10] = {&c->o0, &c->o1, &c->x, &c->v, &c->nv, &c->te, &c->tr, &c->boot,
@@ -1553,18 +1557,18 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
              * so does a view with the negative bit (x.conj().imag): DLPack describes its
              * memory, not its values */
             PyObject *rg = PyObject_GetAttr(a, s_requires_grad);
-            if (!rg) return NULL;
+            if (!rg) goto fail;
             Py_DECREF(rg);
-            if (rg != Py_False) Py_RETURN_NONE;
+            if (rg != Py_False) goto none;
             PyObject *ng = PyObject_CallMethodNoArgs(a, s_is_neg);
-            if (!ng) return NULL;
+            if (!ng) goto fail;
             Py_DECREF(ng);
-            if (ng != Py_False) Py_RETURN_NONE;
+            if (ng != Py_False) goto none;
             if (rp->addr[i] >= 0 && arrs[rp->addr[i]]->p) arrs[rp->addr[i]]->p = dl[i].data;
         } else if (rp->num[i] >= 0) {
             const double x = PyFloat_AsDouble(a);
-            if (x == -1.0 && PyErr_Occurred()) return NULL;
-            if (!(rp->lo[i] <= x && x <= rp->hi[i])) Py_RETURN_NONE; /* NaN too: the error */
+            if (x == -1.0 && PyErr_Occurred()) goto fail;
+            if (!(rp->lo[i] <= x && x <= rp->hi[i])) goto none; /* NaN too: the error */
             if (rp->num[i] == 0) c->gs = x;
             else c->lms = x;
         }
@@ -1572,21 +1576,24 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *shape = PyTuple_GET_ITEM(rec, 1), *dtype = PyTuple_GET_ITEM(rec, 2);
     const int two = PyTuple_GET_ITEM(rec, 4) == Py_True;
     char *p0, *p1 = NULL;
-    PyObject *out0 = new_output(shape, dtype, &p0), *out1 = NULL;
-    if (!out0) goto fail;
+    if (!(out0 = new_output(shape, dtype, &p0))) goto fail;
     if (two && !(out1 = new_output(shape, dtype, &p1))) goto fail;
     c->o0.p = p0;
     if (c->o1.p) c->o1.p = two ? p1 : p0;
     if (execute(c, pr.threads) < 0) goto fail;
-    if (!two) return out0;
-    PyObject *res = PyTuple_Pack(2, out0, out1);
+    res = two ? PyTuple_Pack(2, out0, out1) : (Py_INCREF(out0), out0);
+    Py_DECREF(rec);
     Py_DECREF(out0);
-    Py_DECREF(out1);
+    Py_XDECREF(out1);
     return res;
-fail:
+fail: /* an error set: raised; else (an output not a plain tensor) the Python path */
+    Py_DECREF(rec);
     Py_XDECREF(out0);
     Py_XDECREF(out1);
     if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+none:
+    Py_DECREF(rec);
     Py_RETURN_NONE;
 }
 
