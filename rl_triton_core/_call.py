@@ -81,11 +81,6 @@ def values(raw: tuple) -> tuple:
 def prepare(spec: Estimator, raw: tuple, time_dim, out_arg=None) -> Call:
     """Validate a call's arguments (see the module docstring for ``raw``)."""
     raw = values(raw)
-    for o in (out_arg if type(out_arg) in (tuple, list) else (out_arg,)):
-        if isinstance(o, torch.Tensor) and o.is_neg():
-            raise ValueError("out: a tensor with the negative bit set (a view such as "
-                             "z.conj().imag) cannot be written into; pass a tensor that "
-                             "holds its values (.resolve_neg(), or a new tensor)")
     args = dict(zip(spec.args, raw))
     for name in spec.required:
         check.tensor(name, args[name], flag=name in ("terminated", "done"))

@@ -561,6 +561,12 @@ INLINE void stf(char *p, ssz st, ssz t, ssz m, v16f x, const int cont) {
     }
 }
 
+/* lane i takes lane i + s (16: past the end, the shuffle's second operand) */
+#define SHIFT1 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
+#define SHIFT2 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16
+#define SHIFT4 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16
+#define SHIFT8 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16, 16, 16, 16, 16
+
 /* h of 16 steps from their alpha, beta and the carry cv (c in every lane) */
 INLINE v16f scan16(v16f a, v16f b, v16f cv) {
     const v16f zero = {0}, one = zero + 1.0f;
@@ -571,10 +577,10 @@ INLINE v16f scan16(v16f a, v16f b, v16f cv) {
         a = sel16(b == 0.0f, a, a + b * sa);                                          \
         b = b * sb;                                                                   \
     } while (0)
-    ROUND(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
-    ROUND(2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16);
-    ROUND(4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16);
-    ROUND(8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16, 16, 16, 16, 16);
+    ROUND(SHIFT1);
+    ROUND(SHIFT2);
+    ROUND(SHIFT4);
+    ROUND(SHIFT8);
 #undef ROUND
     return sel16(b == 0.0f, a, a + b * cv);
 }
@@ -606,10 +612,10 @@ INLINE bconst_t bconst_of(float c) {
         b = b * __builtin_shuffle(b, one, idx);                                       \
         k.B[j] = b;                                                                   \
     } while (0)
-    BROUND(1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
-    BROUND(2, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16);
-    BROUND(3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16);
-    BROUND(4, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16, 16, 16, 16, 16);
+    BROUND(1, SHIFT1);
+    BROUND(2, SHIFT2);
+    BROUND(3, SHIFT4);
+    BROUND(4, SHIFT8);
 #undef BROUND
     k.uf = 0;
     for (int j = 0; j < 5; j++) {
@@ -630,10 +636,10 @@ INLINE v16f scan16c(v16f a, const bconst_t *k, v16f cv) {
         const v16f ab = a + k->B[j] * __builtin_shuffle(a, zero, idx);                \
         a = k->uf ? sel16(k->Z[j], a, ab) : ab;                                       \
     } while (0)
-    CROUND(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
-    CROUND(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16);
-    CROUND(2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16);
-    CROUND(3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16, 16, 16, 16, 16);
+    CROUND(0, SHIFT1);
+    CROUND(1, SHIFT2);
+    CROUND(2, SHIFT4);
+    CROUND(3, SHIFT8);
 #undef CROUND
     const v16f h = a + k->B[4] * cv;
     return k->uf ? sel16(k->Z[4], a, h) : h;
@@ -1798,8 +1804,7 @@ static PyMethodDef methods[] = {
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
      "replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds "
      "(recording, shape, dtype, tuning, two_out) under key(prefix, args, time_dim, "
-     "tuning) and "
-     "every check passes; else None."},
+     "tuning) and every check passes; else None."},
     {"floor", (PyCFunction)(void (*)(void))floor_, METH_FASTCALL,
      "floor(out0, out1, threads, *inputs): the benchmark's same-bytes floor: reads each "
      "input once (1-D, contiguous, float32, one byte or int64), writes out0 = the sum of "

@@ -212,8 +212,6 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, lik
 
     def host(t):
         t = t.detach()
-        if t.is_neg():  # a view with the negative bit (z.conj().imag): numpy needs values
-            t = t.resolve_neg()
         if not on_cpu:
             t = t.cpu()
         if t.dtype in (torch.float16, torch.bfloat16):
@@ -331,8 +329,6 @@ def _record_c(fast, p, out0, out1):
         num[idx] = pos - 10  # 10: gamma, 11: lambda (the only numbers of the C kernel)
     for idx, lo_, hi_ in p.checks:
         lo[idx], hi[idx] = float(lo_), float(hi_)
-    if any(m not in (-1, 0, 1) for m in num):
-        return
     rec = _cpu_c.recording(p.prepared, tuple(addr), tuple(num), tuple(lo), tuple(hi))
     if rec is not None:
         _store(ckey, (rec, tuple(out0.shape), out0.dtype, tune, out1 is not None))

@@ -172,10 +172,10 @@ def outputs(out, two_out: bool, shape, device, inputs=None) -> tuple:
 
     ``out``: a tensor, or for the two-output estimators a tuple (or list) of two;
     floating dtype (any: the scan casts on store), the data's ``shape`` and
-    ``device``, no internal overlap. ``inputs``: (name, tensor-or-None) pairs that
-    the outputs must not overlap (byte ranges of the pointers: metadata only, no
-    host synchronisation); None skips that check (tracing: fake tensors have no
-    memory)."""
+    ``device``, no internal overlap, no negative bit (its memory is not its values).
+    ``inputs``: (name, tensor-or-None) pairs that the outputs must not overlap (byte
+    ranges of the pointers: metadata only, no host synchronisation); None skips that
+    check and the last two (tracing: fake tensors have no memory)."""
     if two_out:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError(
@@ -196,6 +196,12 @@ def outputs(out, two_out: bool, shape, device, inputs=None) -> tuple:
             raise ValueError(f"{name} must have the data's shape {shape}, got {tuple(t.shape)}")
         if device is not None and t.device != device:
             raise ValueError(f"{name} is on {t.device} but the data is on {device}")
+        if inputs is not None and t.is_neg():  # (tracing: the op's result is copied in)
+            raise ValueError(
+                f"{name} has the negative bit set (a view such as z.conj().imag, whose "
+                "memory holds its values' negatives): the scan writes memory; pass a tensor "
+                "that holds its values"
+            )
         if inputs is not None and _internal_overlap(t):
             raise ValueError(
                 f"{name} has overlapping elements (e.g. an expanded view, stride "

@@ -225,3 +225,32 @@ def run_case(name, args, kwargs, *, impl, dtype, seed, ctx="", check_nonzero=Tru
             assert e.abs().max() > 0, f"{c}: degenerate case (reference all zero)"
         assert_close_to_ref(g, e, dtype, c, allow_empty=e.numel() == 0)
     return got_t
+
+
+def full_path(monkeypatch, fn):
+    """``fn()`` on the checked full path: no plan recorded or replayed (the CPU's C
+    replay finds an empty plan cache too)."""
+    from rl_triton_core import _dispatch
+
+    with monkeypatch.context() as m:
+        m.setattr(_dispatch, "_PLANS", {})
+        m.setattr(_dispatch, "_store", lambda key, plan: None)
+        return fn()
+
+
+def spy_c_replay(monkeypatch, sink):
+    """Append each result of the CPU's C replay that is not None (a replayed call) to
+    ``sink``; a no-op where the C replay is not available."""
+    from rl_triton_core import estimators
+
+    real = estimators._replay
+    if real is None:
+        return
+
+    def spy(*a):
+        res = real(*a)
+        if res is not None:
+            sink.append(res)
+        return res
+
+    monkeypatch.setattr(estimators, "_replay", spy)

@@ -9,9 +9,10 @@ import os
 
 import pytest
 import torch
+from core_testlib import full_path, spy_c_replay
 
 import rl_triton_core as rc
-from rl_triton_core import _cpu_first, _dispatch, estimators
+from rl_triton_core import _cpu_first, _dispatch
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("RL_TRITON_CORE_BACKEND", "auto") == "triton",
@@ -34,16 +35,7 @@ def plans(monkeypatch):
         return res
 
     monkeypatch.setattr(_dispatch.CpuPlan, "__call__", spy)
-    if estimators._replay is not None:  # the C replay: a hit is a replay, a miss goes on
-        real_c = estimators._replay
-
-        def cspy(*a):
-            res = real_c(*a)
-            if res is not None:
-                replays.append(res)
-            return res
-
-        monkeypatch.setattr(estimators, "_replay", cspy)
+    spy_c_replay(monkeypatch, replays)  # the C replay: a hit is a replay, a miss goes on
     return replays
 
 
@@ -53,11 +45,7 @@ def _data(g, B=6, T=50):
     return r, v, done & (torch.rand(B, T, 1, generator=g) < 0.5), done, nv
 
 
-def _full(monkeypatch, fn):
-    with monkeypatch.context() as m:
-        m.setattr(_dispatch, "_PLANS", {})
-        m.setattr(_dispatch, "_store", lambda key, plan: None)
-        return fn()
+_full = full_path
 
 
 def test_replay_equals_full_path(plans, monkeypatch):

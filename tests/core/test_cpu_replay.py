@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from core_testlib import full_path, spy_c_replay
 
 import rl_triton_core as rc
 from rl_triton_core import _dispatch, estimators
@@ -24,24 +25,11 @@ def hits(monkeypatch):
     """A fresh plan cache; ``hits``: the C replay's results that were not None."""
     monkeypatch.setattr(_dispatch, "_PLANS", {})
     got = []
-    real = estimators._replay
-
-    def spy(*a):
-        res = real(*a)
-        if res is not None:
-            got.append(res)
-        return res
-
-    monkeypatch.setattr(estimators, "_replay", spy)
+    spy_c_replay(monkeypatch, got)
     return got
 
 
-def _full(monkeypatch, fn):
-    """The call on the checked full path (no plan recorded or replayed)."""
-    with monkeypatch.context() as m:
-        m.setattr(_dispatch, "_PLANS", {})
-        m.setattr(_dispatch, "_store", lambda key, plan: None)
-        return fn()
+_full = full_path
 
 
 def _bits(a, b):
