@@ -1615,9 +1615,15 @@ none:
 
 #define FLOOR_MAX 8
 #define FLOOR_BLOCK 2048
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define FLOOR_NT_BYTES (16 << 20) /* outputs from which they are streamed (as _ctoken's) */
+#else
+#define FLOOR_NT_BYTES 0
+#endif
 
 typedef struct {
-    int nf, nb, nq, parts;
+    int nf, nb, nq, parts, nt;
     const float *f[FLOOR_MAX];
     const unsigned char *b[FLOOR_MAX];
     const int64_t *q[FLOOR_MAX];
@@ -1626,40 +1632,71 @@ typedef struct {
     ssz next;
 } floor_t;
 
+typedef float f16v __attribute__((vector_size(64)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+typedef int64_t q8v __attribute__((vector_size(64)));
+typedef unsigned char u16b __attribute__((vector_size(16)));
+
+/* one pass, 16 elements at a time, every input read as the loop goes (no intermediate
+   buffer): the hardware prefetchers see each array as one long run */
 MULTIVERSION static void floor_range(const floor_t *F, ssz lo, ssz hi) {
     float *restrict o0 = F->o0, *restrict o1 = F->o1;
-    unsigned char m[FLOOR_BLOCK];
-    for (ssz b0 = lo; b0 < hi; b0 += FLOOR_BLOCK) {
-        const ssz e = hi - b0 < FLOOR_BLOCK ? hi - b0 : FLOOR_BLOCK;
-        const float *restrict f0 = F->f[0] + b0;
-        float *restrict p = o0 + b0;
-        NOALIAS
-        for (ssz i = 0; i < e; i++) p[i] = f0[i];
+    const f16v half = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f,
+                       0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+    ssz i = lo;
+    for (; i + 16 <= hi; i += 16) {
+        f16v p, x;
+        memcpy(&p, F->f[0] + i, 64);
         for (int j = 1; j < F->nf; j++) {
-            const float *restrict fj = F->f[j] + b0;
-            NOALIAS
-            for (ssz i = 0; i < e; i++) p[i] += fj[i];
+            memcpy(&x, F->f[j] + i, 64);
+            p += x;
         }
         if (F->nb || F->nq) {
-            NOALIAS
-            for (ssz i = 0; i < e; i++) m[i] = 0;
+            i16v m = {0};
             for (int j = 0; j < F->nb; j++) {
-                const unsigned char *restrict qj = F->b[j] + b0;
-                NOALIAS
-                for (ssz i = 0; i < e; i++) m[i] ^= qj[i];
+                u16b c;
+                memcpy(&c, F->b[j] + i, 16);
+                m ^= __builtin_convertvector(c, i16v);
             }
             for (int j = 0; j < F->nq; j++) { /* 8-byte integers (a mask): set where nonzero */
-                const int64_t *restrict qj = F->q[j] + b0;
-                NOALIAS
-                for (ssz i = 0; i < e; i++) m[i] ^= (unsigned char)(qj[i] != 0);
+                q8v a, c;
+                memcpy(&a, F->q[j] + i, 64);
+                memcpy(&c, F->q[j] + i + 8, 64);
+                a = a != 0;
+                c = c != 0;
+                i16v t = {(int32_t)a[0], (int32_t)a[1], (int32_t)a[2], (int32_t)a[3],
+                          (int32_t)a[4], (int32_t)a[5], (int32_t)a[6], (int32_t)a[7],
+                          (int32_t)c[0], (int32_t)c[1], (int32_t)c[2], (int32_t)c[3],
+                          (int32_t)c[4], (int32_t)c[5], (int32_t)c[6], (int32_t)c[7]};
+                m ^= -t;
             }
-            NOALIAS
-            for (ssz i = 0; i < e; i++) p[i] += (float)m[i];
+            p += __builtin_convertvector(m, f16v);
         }
-        float *restrict q = o1 + b0;
-        NOALIAS
-        for (ssz i = 0; i < e; i++) q[i] = 0.5f * p[i];
+        x = half * p;
+#if FLOOR_NT_BYTES
+        if (F->nt) { /* streamed: whole lines to memory, no read for ownership */
+            for (int k = 0; k < 16; k += 4) {
+                _mm_stream_ps(o0 + i + k, _mm_loadu_ps((const float *)&p + k));
+                _mm_stream_ps(o1 + i + k, _mm_loadu_ps((const float *)&x + k));
+            }
+            continue;
+        }
+#endif
+        memcpy(o0 + i, &p, 64);
+        memcpy(o1 + i, &x, 64);
     }
+    for (; i < hi; i++) {
+        float p = F->f[0][i];
+        unsigned m = 0;
+        for (int j = 1; j < F->nf; j++) p += F->f[j][i];
+        for (int j = 0; j < F->nb; j++) m ^= F->b[j][i];
+        for (int j = 0; j < F->nq; j++) m ^= F->q[j][i] != 0;
+        o0[i] = p + (float)m;
+        o1[i] = 0.5f * o0[i];
+    }
+#if FLOOR_NT_BYTES
+    if (F->nt) _mm_sfence();
+#endif
 }
 
 static void floor_part(void *arg) {
@@ -1724,6 +1761,8 @@ static PyObject *floor_(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (ok && F.n > 0) {
         F.parts = threads < 1 ? 1 : (int)threads;
+        F.nt = FLOOR_NT_BYTES && (double)F.n * 8.0 >= (double)FLOOR_NT_BYTES &&
+               ((uintptr_t)F.o0 & 15) == 0 && ((uintptr_t)F.o1 & 15) == 0;
         Py_BEGIN_ALLOW_THREADS
         pool_run(floor_part, &F, F.parts);
         Py_END_ALLOW_THREADS

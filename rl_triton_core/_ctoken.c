@@ -76,7 +76,7 @@ typedef struct {
     double *stats; /* [n][3] */
     int wmode, unbiased, shift, has_fill;
     double count_eps, eps, fill, mu, rstd;
-    int vec; /* the AVX2 path runs the padded scan */
+    int vec; /* the padded scan's vector path: 2 AVX-512, 1 AVX2, 0 none (scalar) */
     int nt;  /* ... and streams its float32 outputs to memory (large data, aligned rows) */
 } Ctx;
 
@@ -313,6 +313,10 @@ static void whiten_scalar(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
 #if CT_AVX2
 CT_AVX2_FN static void whiten_avx2(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
     whiten_range(c, lo, hi); /* the same loops, vectorised by the compiler for AVX2 */
+}
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2"))) static void
+whiten_avx512(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
+    whiten_range(c, lo, hi); /* ... and for AVX-512 */
 }
 #endif
 
@@ -634,18 +638,315 @@ CT_AVX2_FN static void scan_avx2(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
     if (c->nt)
         _mm_sfence(); /* the streamed stores reach memory before this thread's work ends */
 }
+
+/* ------------------------------------------------------------------ AVX-512 scan */
+
+/* The same recurrence with the 8 responses of a group in one 512-bit register: one chain
+ * instead of two, masks in mask registers (a select is folded into its add), and blocks
+ * of 16 tokens: a float32 row's 64-byte line is loaded, transposed and stored whole. The
+ * operations on each element are the AVX2 path's, in the same order: the same bits. */
+#define CT_AVX512_FN __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2")))
+
+/* 8 x 8 bits: bit k of byte l -> bit l of byte k (Hacker's Delight, 7-3) */
+CT_INLINE uint64_t tr8bits(uint64_t x) {
+    uint64_t t;
+    t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL;
+    x = x ^ t ^ (t << 7);
+    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCULL;
+    x = x ^ t ^ (t << 14);
+    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ULL;
+    return x ^ t ^ (t << 28);
+}
+
+/* 4 x 4 transposes inside each 128-bit lane: r[0..3] -> r[0..3] (its own inverse) */
+CT_AVX512_FN CT_INLINE void tr4x4_512(__m512 *r) {
+    __m512 t0 = _mm512_unpacklo_ps(r[0], r[1]), t1 = _mm512_unpackhi_ps(r[0], r[1]);
+    __m512 t2 = _mm512_unpacklo_ps(r[2], r[3]), t3 = _mm512_unpackhi_ps(r[2], r[3]);
+    r[0] = _mm512_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    r[1] = _mm512_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    r[2] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    r[3] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+}
+
+/* tile[8k + l] (float64) = token b + k of row l, k < 16: 8 float32 lines, transposed.
+   After the in-lane transposes, u[i] (u[4 + i]) holds in its lane q rows 0-3 (4-7) of
+   token 4q + i; one two-source permute puts a token's 8 rows together. */
+CT_AVX512_FN CT_INLINE void load16_f32(const char *const *base, Py_ssize_t b, double *tile) {
+    const __m512i i01 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i i23 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29,
+                                          30, 31);
+    __m512 u[8];
+    for (int l = 0; l < 8; l++)
+        u[l] = _mm512_loadu_ps((const float *)(base[l] + b * 4));
+    tr4x4_512(u);
+    tr4x4_512(u + 4);
+    for (int i = 0; i < 4; i++) {
+        __m512 w0 = _mm512_permutex2var_ps(u[i], i01, u[i + 4]); /* tokens i, 4 + i */
+        __m512 w1 = _mm512_permutex2var_ps(u[i], i23, u[i + 4]); /* tokens 8 + i, 12 + i */
+        _mm512_store_pd(tile + 8 * i, _mm512_cvtps_pd(_mm512_castps512_ps256(w0)));
+        _mm512_store_pd(tile + 8 * (4 + i), _mm512_cvtps_pd(_mm512_extractf32x8_ps(w0, 1)));
+        _mm512_store_pd(tile + 8 * (8 + i), _mm512_cvtps_pd(_mm512_castps512_ps256(w1)));
+        _mm512_store_pd(tile + 8 * (12 + i), _mm512_cvtps_pd(_mm512_extractf32x8_ps(w1, 1)));
+    }
+}
+
+/* the inverse: rows l < nl get their 16 tokens from tile[8k + l], rounded to float32;
+   streamed (whole 64-byte lines, no read for ownership) where nt */
+CT_AVX512_FN CT_INLINE void store16_f32(char *const *base, Py_ssize_t b, int nl,
+                                        const double *tile, int nt) {
+    const __m512i ia = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i ib = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                         31);
+    __m512 u[8];
+    for (int i = 0; i < 4; i++) {
+        __m512 w0 = _mm512_insertf32x8(
+            _mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_load_pd(tile + 8 * i))),
+            _mm512_cvtpd_ps(_mm512_load_pd(tile + 8 * (4 + i))), 1);
+        __m512 w1 = _mm512_insertf32x8(
+            _mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_load_pd(tile + 8 * (8 + i)))),
+            _mm512_cvtpd_ps(_mm512_load_pd(tile + 8 * (12 + i))), 1);
+        u[i] = _mm512_permutex2var_ps(w0, ia, w1);
+        u[i + 4] = _mm512_permutex2var_ps(w0, ib, w1);
+    }
+    tr4x4_512(u);
+    tr4x4_512(u + 4);
+    for (int l = 0; l < nl; l++) {
+        float *o = (float *)(base[l] + b * 4);
+        if (nt)
+            _mm512_stream_ps(o, u[l]);
+        else
+            _mm512_storeu_ps(o, u[l]);
+    }
+}
+
+/* bit k: token b + k of this row is valid (k < kn <= 16) */
+CT_AVX512_FN CT_INLINE unsigned mask16(const Arr *m, const char *base, Py_ssize_t b, int kn) {
+    const char *p = base + b * m->ts;
+    if (kn == 16) {
+        if (m->kind == K_I8 && m->ts == 8) {
+            __m512i a0 = _mm512_loadu_si512((const void *)p);
+            __m512i a1 = _mm512_loadu_si512((const void *)(p + 64));
+            return (unsigned)_mm512_test_epi64_mask(a0, a0) |
+                   (unsigned)_mm512_test_epi64_mask(a1, a1) << 8;
+        }
+        if (m->kind == K_I1 && m->ts == 1) {
+            __m128i a = _mm_loadu_si128((const __m128i *)p);
+            return (unsigned)_mm_test_epi8_mask(a, a);
+        }
+        if (m->kind == K_I2 && m->ts == 2) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)p);
+            return (unsigned)_mm256_test_epi16_mask(a, a);
+        }
+        if (m->kind == K_I4 && m->ts == 4) {
+            __m512i a = _mm512_loadu_si512((const void *)p);
+            return (unsigned)_mm512_test_epi32_mask(a, a);
+        }
+        if (m->kind == K_F4 && m->ts == 4)
+            return (unsigned)_mm512_cmp_ps_mask(_mm512_loadu_ps((const float *)p),
+                                                _mm512_setzero_ps(), _CMP_NEQ_UQ);
+    }
+    unsigned bits = 0;
+    for (int k = 0; k < kn; k++)
+        bits |= (unsigned)okm(m->kind, p + k * m->ts) << k;
+    return bits;
+}
+
+/* tile[8k + l] = token b + k of lane l, k < kn <= 16 */
+CT_AVX512_FN CT_INLINE void load16(const Arr *a, const char *const *base, Py_ssize_t b, int kn,
+                                   double *tile) {
+    if (kn == 16 && a->kind == K_F4 && a->ts == 4) {
+        load16_f32(base, b, tile);
+        return;
+    }
+    load_tile(a, base, b, kn < 8 ? kn : 8, tile);
+    if (kn > 8)
+        load_tile(a, base, b + 8, kn - 8, tile + 64);
+}
+
+CT_AVX512_FN CT_INLINE void store16(const Arr *a, char *const *base, Py_ssize_t b, int kn,
+                                    int nl, const double *tile, int nt) {
+    if (kn == 16 && a->kind == K_F4 && a->ts == 4) {
+        store16_f32(base, b, nl, tile, nt);
+        return;
+    }
+    store_tile(a, base, b, kn < 8 ? kn : 8, nl, tile);
+    if (kn > 8)
+        store_tile(a, base, b + 8, kn - 8, nl, tile + 64);
+}
+
+/* the state of a group's 8 lanes */
+typedef struct {
+    __m512d carry, nv, cnt, s1, s2, kk;
+} Lanes512;
+
+/* token k of the tile: the recurrence (and the statistics) of the 8 lanes; ok: the lanes
+   where the token is valid */
+CT_AVX512_FN CT_INLINE void step512(Lanes512 *S, const double *R, const double *V, double *A,
+                                    double *Q, int k, __mmask8 ok, __m512d g, __m512d gl,
+                                    const int MODE, const int STATS_ON, const int OUT_F32) {
+    __m512d rt = _mm512_load_pd(R + 8 * k), y;
+    if (MODE == GAE_SKIP) {
+        __m512d vt = _mm512_load_pd(V + 8 * k);
+        __m512d t = _mm512_sub_pd(_mm512_add_pd(rt, _mm512_mul_pd(g, S->nv)), vt);
+        S->carry = _mm512_mask_add_pd(S->carry, ok, t, _mm512_mul_pd(gl, S->carry));
+        S->nv = _mm512_mask_mov_pd(S->nv, ok, vt);
+        y = S->carry;
+        _mm512_store_pd(Q + 8 * k, _mm512_add_pd(S->carry, vt));
+    } else if (MODE == GAE_MUL) {
+        __m512d vt = _mm512_maskz_mov_pd(ok, _mm512_load_pd(V + 8 * k));
+        rt = _mm512_maskz_mov_pd(ok, rt);
+        S->carry = _mm512_add_pd(_mm512_sub_pd(_mm512_add_pd(rt, _mm512_mul_pd(g, S->nv)), vt),
+                                 _mm512_mul_pd(gl, S->carry));
+        S->nv = vt;
+        y = S->carry;
+        _mm512_store_pd(Q + 8 * k, _mm512_add_pd(S->carry, vt));
+    } else if (MODE == RET_SKIP) {
+        S->carry = _mm512_mask_add_pd(S->carry, ok, rt, _mm512_mul_pd(g, S->carry));
+        y = _mm512_maskz_mov_pd(ok, S->carry);
+    } else {
+        rt = _mm512_maskz_mov_pd(ok, rt);
+        S->carry = _mm512_add_pd(rt, _mm512_mul_pd(g, S->carry));
+        y = S->carry;
+    }
+    _mm512_store_pd(A + 8 * k, y);
+    if (STATS_ON) {
+        const __m512d zero = _mm512_setzero_pd(), one = _mm512_set1_pd(1.0);
+        __m512d x = OUT_F32 ? _mm512_cvtps_pd(_mm512_cvtpd_ps(y)) : y;
+        __mmask8 fst = _mm512_mask_cmp_pd_mask(ok, S->cnt, zero, _CMP_EQ_OQ);
+        S->kk = _mm512_mask_mov_pd(S->kk, fst, x);
+        __m512d d = _mm512_maskz_sub_pd(ok, x, S->kk);
+        S->cnt = _mm512_mask_add_pd(S->cnt, ok, S->cnt, one);
+        S->s1 = _mm512_add_pd(S->s1, d);
+        S->s2 = _mm512_add_pd(S->s2, _mm512_mul_pd(d, d));
+    }
+}
+
+/* One group of up to 8 padded responses (lanes past nl repeat lane 0 and are not stored) */
+CT_AVX512_FN CT_INLINE void vec_group512(const Ctx *c, Py_ssize_t first, int nl, const int MODE,
+                                         const int STATS_ON, const int OUT_F32) {
+    const char *br[8], *bv[8], *bm[8];
+    char *b0[8], *b1[8];
+    for (int l = 0; l < 8; l++) {
+        Py_ssize_t row = first + (l < nl ? l : 0);
+        br[l] = c->r.p + row * c->r.rs;
+        bv[l] = c->has_v ? c->v.p + row * c->v.rs : br[l];
+        bm[l] = c->m.p + row * c->m.rs;
+        b0[l] = c->o0.p + row * c->o0.rs;
+        b1[l] = c->has_o1 ? c->o1.p + row * c->o1.rs : b0[l];
+    }
+    double R[128] __attribute__((aligned(64))), V[128] __attribute__((aligned(64)));
+    double A[128] __attribute__((aligned(64))), Q[128] __attribute__((aligned(64)));
+    const __m512d g = _mm512_set1_pd(c->g), gl = _mm512_set1_pd(c->gl);
+    const __m512d zero = _mm512_setzero_pd();
+    Lanes512 S = {zero, zero, zero, zero, zero, zero};
+    const int two = MODE == GAE_SKIP || MODE == GAE_MUL;
+    const Py_ssize_t P = c->P;
+    const int NT = c->nt;
+    Py_ssize_t b = P - P % 16;
+    int kn = (int)(P % 16);
+    if (kn == 0) {
+        b -= 16;
+        kn = 16;
+    }
+    for (; b >= 0; b -= 16, kn = 16) {
+        if (b >= PF_TOKENS) { /* as in vec_group: every line of the 16 tokens */
+            Py_ssize_t q = b - PF_TOKENS;
+            for (int l = 0; l < 8; l++) {
+                for (Py_ssize_t o = 0; o < 16 * c->r.ts; o += 64)
+                    _mm_prefetch(br[l] + q * c->r.ts + o, _MM_HINT_T0);
+                if (two)
+                    for (Py_ssize_t o = 0; o < 16 * c->v.ts; o += 64)
+                        _mm_prefetch(bv[l] + q * c->v.ts + o, _MM_HINT_T0);
+                for (Py_ssize_t o = 0; o < 16 * c->m.ts; o += 64)
+                    _mm_prefetch(bm[l] + q * c->m.ts + o, _MM_HINT_T0);
+            }
+        }
+        load16(&c->r, br, b, kn, R);
+        if (two)
+            load16(&c->v, bv, b, kn, V);
+        uint64_t lo = 0, hi = 0; /* byte k: the lanes' validity at token b + k (b + 8 + k) */
+        for (int l = 0; l < 8; l++) {
+            unsigned bits = mask16(&c->m, bm[l], b, kn);
+            lo |= (uint64_t)(bits & 0xffu) << (8 * l);
+            hi |= (uint64_t)(bits >> 8) << (8 * l);
+        }
+        lo = tr8bits(lo);
+        hi = tr8bits(hi);
+        if (kn == 16) { /* constant bounds: unrolled, the masks' shifts constants */
+#pragma GCC unroll 8
+            for (int k = 15; k >= 8; k--)
+                step512(&S, R, V, A, Q, k, (__mmask8)(hi >> (8 * (k - 8))), g, gl, MODE,
+                        STATS_ON, OUT_F32);
+#pragma GCC unroll 8
+            for (int k = 7; k >= 0; k--)
+                step512(&S, R, V, A, Q, k, (__mmask8)(lo >> (8 * k)), g, gl, MODE, STATS_ON,
+                        OUT_F32);
+        } else {
+            for (int k = kn - 1; k >= 0; k--)
+                step512(&S, R, V, A, Q, k,
+                        (__mmask8)(k >= 8 ? hi >> (8 * (k - 8)) : lo >> (8 * k)), g, gl, MODE,
+                        STATS_ON, OUT_F32);
+        }
+        store16(&c->o0, b0, b, kn, nl, A, NT);
+        if (two)
+            store16(&c->o1, b1, b, kn, nl, Q, NT);
+    }
+    if (STATS_ON) {
+        double vc[8] __attribute__((aligned(64))), vk[8] __attribute__((aligned(64)));
+        double v1[8] __attribute__((aligned(64))), v2[8] __attribute__((aligned(64)));
+        _mm512_store_pd(vc, S.cnt);
+        _mm512_store_pd(vk, S.kk);
+        _mm512_store_pd(v1, S.s1);
+        _mm512_store_pd(v2, S.s2);
+        for (int l = 0; l < nl; l++)
+            put_stats(c->stats + 3 * (first + l), vc[l], vk[l], v1[l], v2[l]);
+    }
+}
+
+#define VEC512_CASE(MODE, ST)                                                            \
+    for (Py_ssize_t g0 = hi; g0 > lo; g0 -= 8) {                                         \
+        Py_ssize_t first = g0 - 8 < lo ? lo : g0 - 8;                                    \
+        if (c->out_f32)                                                                  \
+            vec_group512(c, first, (int)(g0 - first), MODE, ST, 1);                      \
+        else                                                                             \
+            vec_group512(c, first, (int)(g0 - first), MODE, ST, 0);                      \
+    }                                                                                    \
+    break;
+
+CT_AVX512_FN static void scan_avx512(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
+    switch (c->mode * 2 + (c->want_stats != 0)) {
+    case 0: VEC512_CASE(GAE_SKIP, 0)
+    case 1: VEC512_CASE(GAE_SKIP, 1)
+    case 2: VEC512_CASE(GAE_MUL, 0)
+    case 3: VEC512_CASE(GAE_MUL, 1)
+    case 4: VEC512_CASE(RET_SKIP, 0)
+    case 5: VEC512_CASE(RET_SKIP, 1)
+    case 6: VEC512_CASE(RET_MUL, 0)
+    default: VEC512_CASE(RET_MUL, 1)
+    }
+    if (c->nt)
+        _mm_sfence();
+}
 #endif /* CT_AVX2 */
 
 /* ------------------------------------------------------------------ threads */
 
 enum { PH_SCAN = 0, PH_ROWSTATS = 1, PH_WHITEN = 2 };
 
-static int have_avx2(void) {
+/* The widest vector path this CPU has: 2 AVX-512 (F, DQ, VL, BW), 1 AVX2, 0 none; at most
+   simd_cap (use_simd: tests reach every path on one machine) */
+static int simd_cap = 2;
+
+static int simd_have(void) {
 #if CT_AVX2
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+        known = !__builtin_cpu_supports("avx2")       ? 0
+                : __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw")
+                    ? 2
+                    : 1;
     }
     return known;
 #else
@@ -653,10 +954,19 @@ static int have_avx2(void) {
 #endif
 }
 
+static int simd_level(void) {
+    int h = simd_have();
+    return h < simd_cap ? h : simd_cap;
+}
+
 static void run_phase(const Ctx *c, int phase, Py_ssize_t lo, Py_ssize_t hi) {
     if (phase == PH_SCAN) {
 #if CT_AVX2
-        if (c->vec) {
+        if (c->vec == 2) {
+            scan_avx512(c, lo, hi);
+            return;
+        }
+        if (c->vec == 1) {
             scan_avx2(c, lo, hi);
             return;
         }
@@ -666,7 +976,12 @@ static void run_phase(const Ctx *c, int phase, Py_ssize_t lo, Py_ssize_t hi) {
         row_stats(c, lo, hi);
     } else {
 #if CT_AVX2
-        if (have_avx2()) {
+        int level = simd_level();
+        if (level == 2) {
+            whiten_avx512(c, lo, hi);
+            return;
+        }
+        if (level == 1) {
             whiten_avx2(c, lo, hi);
             return;
         }
@@ -968,7 +1283,7 @@ static PyObject *run(PyObject *self, PyObject *args) {
         }
     }
     c.stats = stats;
-    c.vec = mode != STATS && c.rows == NULL && have_avx2();
+    c.vec = mode != STATS && c.rows == NULL ? simd_level() : 0;
     /* streamed stores where the outputs are far larger than the caches: every row of
        both outputs float32, contiguous, on 64-byte lines */
     c.nt = c.vec && c.out_f32 && (double)R * (double)P * 8.0 >= NT_MIN_BYTES &&
@@ -1171,12 +1486,32 @@ static PyObject *cache_info(PyObject *self, PyObject *noargs) {
 static PyObject *simd(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
-    return PyUnicode_FromString(have_avx2() ? "avx2" : "scalar");
+    static const char *names[] = {"scalar", "avx2", "avx512"};
+    return PyUnicode_FromString(names[simd_level()]);
+}
+
+/* use_simd(level): the widest vector path allowed (2 AVX-512, 1 AVX2, 0 scalar); returns
+   the previous limit. For tests: every path gives the same bits. */
+static PyObject *use_simd(PyObject *self, PyObject *arg) {
+    (void)self;
+    long want = PyLong_AsLong(arg);
+    if (want == -1 && PyErr_Occurred())
+        return NULL;
+    if (want < 0 || want > 2) {
+        PyErr_SetString(PyExc_ValueError, "use_simd: 0 (scalar), 1 (AVX2) or 2 (AVX-512)");
+        return NULL;
+    }
+    int was = simd_cap;
+    simd_cap = (int)want;
+    return PyLong_FromLong(was);
 }
 
 static PyMethodDef methods[] = {
     {"run", run, METH_VARARGS, run_doc},
-    {"simd", simd, METH_NOARGS, "The scan's instruction set here: 'avx2' or 'scalar'."},
+    {"simd", simd, METH_NOARGS, "The scan's instruction set here: 'avx512', 'avx2' or 'scalar'."},
+    {"use_simd", use_simd, METH_O,
+     "use_simd(level): the widest vector path allowed (2 AVX-512, 1 AVX2, 0 scalar); returns "
+     "the previous limit (for tests)."},
     {"empty", empty, METH_O, "empty(nbytes): a writable block of memory (from the cache)."},
     {"set_cache_limit", set_cache_limit, METH_O,
      "set_cache_limit(nbytes): how many bytes of freed blocks the cache keeps."},

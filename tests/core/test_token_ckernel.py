@@ -31,11 +31,23 @@ def _same(a, b):
     return torch.equal(na, nb) and torch.equal(a.masked_fill(na, 0), b.masked_fill(nb, 0))
 
 
+LEVELS = {"avx512": (2, 1, 0), "avx2": (1, 0), "scalar": (0,)}[ck.simd()]
+
+
 def _both(monkeypatch, fn, *args, **kw):
+    """numba's result and the C kernel's; the C kernel's vector paths (AVX-512, AVX2,
+    scalar: those this CPU has) checked to give the same bits as each other."""
     monkeypatch.setenv(ENV, "numba")
     want = fn(*args, **kw)
     monkeypatch.setenv(ENV, "c")
     got = fn(*args, **kw)
+    was = ck.use_simd(2)
+    try:
+        for level in LEVELS[1:]:
+            ck.use_simd(level)
+            assert _same(fn(*args, **kw), got), f"SIMD level {level} differs from {LEVELS[0]}"
+    finally:
+        ck.use_simd(was)
     return want, got
 
 
