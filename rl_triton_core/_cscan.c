@@ -1609,8 +1609,10 @@ none:
  * o0 = the sum of the float32 inputs plus the xor of the byte ones and of the int64 ones
  * read as flags (nonzero: set), o1 = o0 / 2, no
  * recurrence: what any kernel reading and writing these arrays must at least move, done
- * the fastest way this C compiler knows (vectors over blocks of 2,048 elements that stay
- * in L1 between the passes; the inputs split over `threads` threads). Arrays: 1-D,
+ * two ways, the benchmark taking the faster: floor() in blocks of 2,048 elements that stay
+ * in L1 while each array's run of the block is read in turn (the faster for data in the
+ * caches), floor_fused() in one pass over every array at once, outputs streamed when large
+ * (the faster from memory); the inputs split over `threads` threads. Arrays: 1-D,
  * contiguous, one length; float32, one byte or int64 each. */
 
 #define FLOOR_MAX 8
@@ -1623,7 +1625,7 @@ none:
 #endif
 
 typedef struct {
-    int nf, nb, nq, parts, nt;
+    int nf, nb, nq, parts, nt, fused;
     const float *f[FLOOR_MAX];
     const unsigned char *b[FLOOR_MAX];
     const int64_t *q[FLOOR_MAX];
@@ -1637,9 +1639,48 @@ typedef int32_t i16v __attribute__((vector_size(64)));
 typedef int64_t q8v __attribute__((vector_size(64)));
 typedef unsigned char u16b __attribute__((vector_size(16)));
 
+/* blocks of 2,048 elements, each array's run of it in turn, the sum kept in L1 (the
+   faster for data in the caches) */
+MULTIVERSION static void floor_blocks(const floor_t *F, ssz lo, ssz hi) {
+    float *restrict o0 = F->o0, *restrict o1 = F->o1;
+    unsigned char m[FLOOR_BLOCK];
+    for (ssz b0 = lo; b0 < hi; b0 += FLOOR_BLOCK) {
+        const ssz e = hi - b0 < FLOOR_BLOCK ? hi - b0 : FLOOR_BLOCK;
+        const float *restrict f0 = F->f[0] + b0;
+        float *restrict p = o0 + b0;
+        NOALIAS
+        for (ssz i = 0; i < e; i++) p[i] = f0[i];
+        for (int j = 1; j < F->nf; j++) {
+            const float *restrict fj = F->f[j] + b0;
+            NOALIAS
+            for (ssz i = 0; i < e; i++) p[i] += fj[i];
+        }
+        if (F->nb || F->nq) {
+            NOALIAS
+            for (ssz i = 0; i < e; i++) m[i] = 0;
+            for (int j = 0; j < F->nb; j++) {
+                const unsigned char *restrict qj = F->b[j] + b0;
+                NOALIAS
+                for (ssz i = 0; i < e; i++) m[i] ^= qj[i];
+            }
+            for (int j = 0; j < F->nq; j++) { /* 8-byte integers (a mask): set where nonzero */
+                const int64_t *restrict qj = F->q[j] + b0;
+                NOALIAS
+                for (ssz i = 0; i < e; i++) m[i] ^= (unsigned char)(qj[i] != 0);
+            }
+            NOALIAS
+            for (ssz i = 0; i < e; i++) p[i] += (float)m[i];
+        }
+        float *restrict q = o1 + b0;
+        NOALIAS
+        for (ssz i = 0; i < e; i++) q[i] = 0.5f * p[i];
+    }
+}
+
 /* one pass, 16 elements at a time, every input read as the loop goes (no intermediate
-   buffer): the hardware prefetchers see each array as one long run */
-MULTIVERSION static void floor_range(const floor_t *F, ssz lo, ssz hi) {
+   buffer): the hardware prefetchers see each array as one long run (the faster from
+   memory), outputs streamed when large */
+MULTIVERSION static void floor_fused(const floor_t *F, ssz lo, ssz hi) {
     float *restrict o0 = F->o0, *restrict o1 = F->o1;
     const f16v half = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f,
                        0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
@@ -1710,10 +1751,13 @@ static void floor_part(void *arg) {
     /* part k: a run of whole blocks */
     const ssz per = ((F->n + F->parts - 1) / F->parts + FLOOR_BLOCK - 1) / FLOOR_BLOCK * FLOOR_BLOCK;
     const ssz lo = k * per, hi = lo + per < F->n ? lo + per : F->n;
-    if (lo < hi) floor_range(F, lo, hi);
+    if (lo < hi) {
+        if (F->fused) floor_fused(F, lo, hi);
+        else floor_blocks(F, lo, hi);
+    }
 }
 
-static PyObject *floor_(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *floor_impl(PyObject *const *args, Py_ssize_t nargs, int fused) {
     if (nargs < 4 || nargs > 3 + 2 * FLOOR_MAX) {
         PyErr_SetString(PyExc_TypeError, "_cscan.floor(out0, out1, threads, *inputs)");
         return NULL;
@@ -1760,8 +1804,9 @@ static PyObject *floor_(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         ok = 0;
     }
     if (ok && F.n > 0) {
+        F.fused = fused;
         F.parts = threads < 1 ? 1 : (int)threads;
-        F.nt = FLOOR_NT_BYTES && (double)F.n * 8.0 >= (double)FLOOR_NT_BYTES &&
+        F.nt = fused && FLOOR_NT_BYTES && (double)F.n * 8.0 >= (double)FLOOR_NT_BYTES &&
                ((uintptr_t)F.o0 & 15) == 0 && ((uintptr_t)F.o1 & 15) == 0;
         Py_BEGIN_ALLOW_THREADS
         pool_run(floor_part, &F, F.parts);
@@ -1771,6 +1816,16 @@ static PyObject *floor_(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (held & (1 << i)) PyBuffer_Release(&bufs[i]);
     if (!ok) return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *floor_(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return floor_impl(args, nargs, 0);
+}
+
+static PyObject *floor_fused_(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return floor_impl(args, nargs, 1);
 }
 
 /* use_vector(flag): switch the vector recurrence (where the CPU has it) on or off;
@@ -1847,7 +1902,11 @@ static PyMethodDef methods[] = {
     {"floor", (PyCFunction)(void (*)(void))floor_, METH_FASTCALL,
      "floor(out0, out1, threads, *inputs): the benchmark's same-bytes floor: reads each "
      "input once (1-D, contiguous, float32, one byte or int64), writes out0 = the sum of "
-     "the float inputs plus the xor of the others as flags, and out1 = out0 / 2."},
+     "the float inputs plus the xor of the others as flags, and out1 = out0 / 2; in blocks "
+     "of 2,048 elements, an array at a time."},
+    {"floor_fused", (PyCFunction)(void (*)(void))floor_fused_, METH_FASTCALL,
+     "floor_fused(out0, out1, threads, *inputs): the same in one pass over all the arrays "
+     "at once, outputs streamed when large."},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads, out0, "
      "out1, x, v, nv, term, trunc, boot, g, lm, gs, lms): GAE or TD(lambda) into out0 "

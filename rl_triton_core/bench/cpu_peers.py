@@ -14,8 +14,9 @@ every input of the call once (the same bytes: the same dtypes, bool flags 1 byte
 flags 4) and writes two float32 outputs, preallocated and reused; no recurrence. It runs
 as numpy ufuncs with ``out=`` on one thread and split over two Python threads (numpy
 releases the GIL in its loops), as torch elementwise ops with ``out=`` under
-``torch.set_num_threads(1)`` and ``(2)``, and as one fused C pass (``_cscan.floor``:
-each input read once, vectorised, in L1-sized blocks) on one and two threads; the row
+``torch.set_num_threads(1)`` and ``(2)``, and as C passes (``_cscan.floor``: each input
+read once, vectorised, in L1-sized blocks; ``_cscan.floor_fused``: every input in one
+loop, outputs streamed when large) on one and two threads; the row
 reports the fastest variant's median and names it. ``peer / floor`` is about the
 largest speed-up any implementation could show here, ``ours / floor`` how far ours is
 from it.
@@ -195,8 +196,9 @@ def floor_variants(ins, like):
 
 
 def c_floor(ins, a0, a1, outs):
-    """The floor as one fused C pass (``_cscan.floor``: each input read once, in
-    L1-sized blocks, vectorised) on one and on two threads: ``{"C 1t": fn, "C 2t": fn}``
+    """The floor as C passes (``_cscan.floor``: each input read once, in L1-sized blocks;
+    ``_cscan.floor_fused``: all the inputs in one loop, outputs streamed when large), on
+    one and on two threads: ``{"C 1t": fn, "C 2t": fn, "C fused 1t": fn, ...}``
     writing into the numpy arrays ``a0``, ``a1`` and returning ``outs``; {} where the C
     extension is not built or an input's dtype is not float32 or one byte."""
     try:
@@ -212,13 +214,15 @@ def c_floor(ins, a0, a1, outs):
             return {}
         arrs.append(t.numpy())
 
-    def threads(k):
+    def threads(fn, k):
         def call():
-            _cscan.floor(a0, a1, k, *arrs)
+            fn(a0, a1, k, *arrs)
             return outs
         return call
 
-    return {"C 1t": threads(1), "C 2t": threads(2)}
+    return {"C 1t": threads(_cscan.floor, 1), "C 2t": threads(_cscan.floor, 2),
+            "C fused 1t": threads(_cscan.floor_fused, 1),
+            "C fused 2t": threads(_cscan.floor_fused, 2)}
 
 
 def _timed(reps, peer, ours, ins, like):
@@ -534,7 +538,7 @@ def cpu_report(reps=30, rounds=1, fresh=True, cold=False, tokens=True, peers=Tru
         extra, note = token_rows(reps) if tokens else ([], None)
         lines += ["", f"Peers: {rounds} round(s) of {reps} interleaved calls, each cell the "
                       "median (range over rounds) of the per-round medians; floor: the "
-                      "fastest of numpy, torch and one fused C pass, on 1 and 2 threads "
+                      "fastest of numpy, torch and two C passes, on 1 and 2 threads "
                       "(variant named).", ""]
         lines += peer_table(rs, extra)
         if note:

@@ -9,8 +9,9 @@
 * floor: the same bytes moved by the fastest vectorised code at hand -- rewards, values
   and the mask read once, the two outputs written, no recurrence: numpy ufuncs with
   ``out=`` over row blocks on one thread and split over two Python threads (numpy
-  releases the GIL), torch ops with ``out=`` on one and on all torch threads, and one
-  fused C pass (``_cscan.floor``: each input read once) on one and two threads; outputs
+  releases the GIL), torch ops with ``out=`` on one and on all torch threads, and C
+  passes (``_cscan.floor``: each input read once, in L1-sized blocks; ``floor_fused``:
+  every input in one loop, outputs streamed) on one and two threads; outputs
   preallocated and reused; the fastest of them.
 
 Inputs as ``rl_triton_core.bench.tokens``: fp32 rewards and values, verl's int64 response
@@ -68,7 +69,7 @@ def _floors(r, v, m):
 
     floors = {"numpy 1 thread": np1, "numpy 2 threads": np2, "torch 1 thread": torch1,
               "torch threads": torch_ops}
-    try:  # one fused C pass (each input read once, vectorised), where the extension is built
+    try:  # the C passes (each input read once, vectorised), where the extension is built
         from rl_triton_core import _cscan
     except ImportError:
         return floors
@@ -76,8 +77,9 @@ def _floors(r, v, m):
     if all(a.flags.c_contiguous for a in flat) and mn.dtype in (np.int64, np.uint8, np.bool_):
         flat[2] = flat[2].view(np.uint8) if mn.dtype == np.bool_ else flat[2]
         o0f, o1f = a0.reshape(-1), a1.reshape(-1)
-        floors["C 1 thread"] = lambda: _cscan.floor(o0f, o1f, 1, *flat)
-        floors["C 2 threads"] = lambda: _cscan.floor(o0f, o1f, 2, *flat)
+        for name, fn in (("C", _cscan.floor), ("C fused", _cscan.floor_fused)):
+            floors[f"{name} 1 thread"] = lambda fn=fn: fn(o0f, o1f, 1, *flat)
+            floors[f"{name} 2 threads"] = lambda fn=fn: fn(o0f, o1f, 2, *flat)
     return floors
 
 

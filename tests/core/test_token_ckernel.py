@@ -296,3 +296,4 @@ def test_streamed_stores_bitwise(monkeypatch):
     assert _same(want, got)
     want, got = _both(monkeypatch, rc.masked_returns, r, m, gamma=0.99, time_dim=-1)
     assert _same(want, got)
+
