@@ -355,7 +355,6 @@ def test_floor_passes_agree():
     """The benchmark's two C floors (blocks, fused) write the same outputs, from every input
     kind, at lengths off the vectors' and blocks' multiples and past the streamed stores'
     threshold."""
-
     cs = pytest.importorskip("rl_triton_core._cscan")
     rng = np.random.default_rng(4)
     for n in (1, 15, 16, 2049, 100_003, (1 << 21) + 5):
