@@ -67,6 +67,7 @@ gradient is the variable (the coefficients are constants).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -75,7 +76,6 @@ from rl_triton_core import _call, _dispatch
 from rl_triton_core import _validate as check
 from rl_triton_core._layout import Layout, aligned_strides, normalize_time_dim
 from rl_triton_core._table import (
-    MODE_GAE,
     MODE_GAE_BWD,
     MODE_TD_BWD,
     MODE_TRACE,
@@ -211,7 +211,7 @@ class Saved:
     dtype: torch.dtype
     has: tuple  # (values, next_values, bootstrap_value) / (init,) / (init,)
     coefs: tuple  # raw gamma, lmbda (, rho_bar, c_bar, pg_rho_bar)
-    side_shape: tuple | None  # bootstrap_value's / init's / beta's shape
+    side_shape: tuple | None  # bootstrap_value's / init's shape
 
 
 # ----------------------------------------------------------- gae / TD(lambda) / returns
@@ -522,45 +522,110 @@ def coef_values(spec: Estimator, args: dict) -> tuple:
     return tuple(args[n] if n in spec.coefs else 1.0 for n in names)
 
 
+# ------------------------------------------------------ each row's backward, by name
+
+
+@dataclass(frozen=True)
+class Backward:
+    """How a row's gradients are taken; the row names it (``Estimator.backward``).
+
+    ``saved(spec, args, td, out)``: the Saved record; ``tensors(spec, args, out)``: the
+    tensors the pass reads; ``run(spec, s, tensors, grads, needs, reverse)``: the
+    gradients of ``spec.grads`` (None where absent); ``present(spec, has, needs,
+    tensors)``: which of them the pass returns (the custom op's fake needs it)."""
+
+    saved: Callable
+    tensors: Callable
+    run: Callable
+    present: Callable
+
+
+def _saved_returns(spec, args, td, out):
+    boot = args["bootstrap_value"]
+    has = (args.get("values") is not None, args["next_values"] is not None, boot is not None)
+    return Saved(td, tuple(out.shape), out.dtype, has, coef_values(spec, args),
+                 None if boot is None else tuple(boot.shape))
+
+
+def _saved_trace(spec, args, td, out):
+    init = args["init"]
+    return Saved(td, tuple(out.shape), out.dtype, (init is not None,), coef_values(spec, args),
+                 None if init is None else tuple(init.shape))
+
+
+def _saved_linrec(spec, args, td, out):
+    init = args["init"]
+    return Saved(td, tuple(out.shape), out.dtype, (), (),
+                 None if init is None else tuple(init.shape))
+
+
+def _flag_tensors(spec, args, out):
+    return [args["terminated"], args["truncated"]]
+
+
+def _returns_run(gae):
+    def run(spec, s, tensors, grads, needs, reverse):
+        res = returns_backward(gae, s, tensors[0], tensors[1], grads)
+        return res if "values" in spec.grads else (res[0],) + res[2:]
+    return run
+
+
+def _returns_present(spec, has, needs, tensors):
+    h = dict(zip(("values", "next_values", "bootstrap_value"), has))
+    return [True] + [h[n] for n in spec.grads[1:]]
+
+
+def _vtrace_present(spec, has, needs, tensors):  # values are always given
+    h = dict(zip(("values", "next_values", "bootstrap_value"), has))
+    return [True, True, h["next_values"], h["bootstrap_value"]]
+
+
+def _linrec_present(spec, has, needs, tensors):
+    a, b, i = needs
+    return [a, b, i and tensors[1] is not None]
+
+
+BACKWARDS = {
+    "gae": Backward(_saved_returns, _flag_tensors, _returns_run(True), _returns_present),
+    "td": Backward(_saved_returns, _flag_tensors, _returns_run(False), _returns_present),
+    "vtrace": Backward(
+        _saved_returns,
+        lambda spec, args, out: [args["log_rhos"], args["terminated"], args["truncated"]],
+        lambda spec, s, tensors, grads, needs, reverse: vtrace_backward(s, *tensors, *grads),
+        _vtrace_present),
+    "trace": Backward(
+        _saved_trace, lambda spec, args, out: [args["done"]],
+        lambda spec, s, tensors, grads, needs, reverse: forward_scan_backward(
+            s, tensors[0], grads[0], needs[-1]),
+        lambda spec, has, needs, tensors: [True, bool(has[0]) and bool(needs[-1])]),
+    "linrec": Backward(
+        _saved_linrec, lambda spec, args, out: [args["beta"], args["init"], out],
+        lambda spec, s, tensors, grads, needs, reverse: linrec_backward(
+            s, reverse, *tensors, grads[0], tuple(needs)),
+        _linrec_present),
+}
+
+
 def saved_of(spec: Estimator, raw: tuple, td: int, out) -> Saved:
     """The Saved record of a call (``out``: its first output, for the dtype)."""
-    shape = tuple(out.shape)
-    args = dict(zip(spec.args, raw))
-    if spec.family == "returns":
-        boot = args["bootstrap_value"]
-        has = (args.get("values") is not None, args["next_values"] is not None,
-               boot is not None)
-        return Saved(td, shape, out.dtype, has, coef_values(spec, args),
-                     None if boot is None else tuple(boot.shape))
-    if spec.family == "forward":
-        init = args["init"]
-        return Saved(td, shape, out.dtype, (init is not None,), coef_values(spec, args),
-                     None if init is None else tuple(init.shape))
-    return Saved(td, shape, out.dtype, (), (), None)
+    return BACKWARDS[spec.backward].saved(spec, dict(zip(spec.args, raw)), td, out)
 
 
 def saved_tensors(spec: Estimator, raw: tuple, out) -> list:
     """The tensors a backward reads: the flags (and V-trace's log-ratios), the forward
     scans' done, the primitive's beta, init and output ``out``."""
-    args = dict(zip(spec.args, raw))
-    if spec.family == "returns":
-        return [args[n] for n in ("log_rhos", "terminated", "truncated") if n in args]
-    if spec.family == "forward":
-        return [args["done"]]
-    return [args["beta"], args["init"], out]
+    return BACKWARDS[spec.backward].tensors(spec, dict(zip(spec.args, raw)), out)
 
 
 def backward(spec: Estimator, s: Saved, tensors: list, grads, needs, reverse=False):
     """The gradients of ``spec.grads`` (None for an input not given or, for the forward
     scans' init and the primitive, not needed: ``needs``, one bool per ``spec.grads``)."""
-    if spec.family == "returns" and "log_rhos" in spec.inputs:
-        return vtrace_backward(s, *tensors, *grads)
-    if spec.family == "returns":
-        res = returns_backward(spec.mode == MODE_GAE, s, tensors[0], tensors[1], grads)
-        return res if "values" in spec.grads else (res[0],) + res[2:]
-    if spec.family == "forward":
-        return forward_scan_backward(s, tensors[0], grads[0], needs[-1])
-    return linrec_backward(s, reverse, *tensors, grads[0], tuple(needs))
+    return BACKWARDS[spec.backward].run(spec, s, tensors, grads, needs, reverse)
+
+
+def present_grads(spec: Estimator, has, needs, tensors) -> list:
+    """Which of ``spec.grads`` the backward returns (the rest come back absent)."""
+    return BACKWARDS[spec.backward].present(spec, has, needs, tensors)
 
 
 class _Estimator(torch.autograd.Function):

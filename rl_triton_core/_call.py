@@ -84,11 +84,7 @@ def prepare(spec: Estimator, raw: tuple, time_dim, out_arg=None) -> Call:
     args = dict(zip(spec.args, raw))
     for name in spec.required:
         check.tensor(name, args[name], flag=name in ("terminated", "done"))
-    if spec.family == "returns":
-        return _returns(spec, args, time_dim, out_arg)
-    if spec.family == "forward":
-        return _forward(spec, args, time_dim, out_arg)
-    return _linrec(spec, args, time_dim, out_arg)
+    return CHECKS[spec.checks](spec, args, time_dim, out_arg)
 
 
 def _outputs(spec, out_arg, shape, device, named):
@@ -211,3 +207,7 @@ def _linrec(spec, args, time_dim, out_arg) -> Call:
     out = _outputs(spec, out_arg, shape, device, named)
     return Call(Layout(shape, td), dtype, device, {"x": alpha, "v": beta, "init": init}, {},
                 reverse, out)
+
+
+# the validation each row names (``Estimator.checks``)
+CHECKS = {"returns": _returns, "forward": _forward, "linrec": _linrec}

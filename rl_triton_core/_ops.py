@@ -174,7 +174,7 @@ def _backward_fake(name, tensors, grads, coef_v, coef_t, td, shape, has, side_sh
     spec = TABLE[name]
     ref = next(g for g in grads if g is not None)
     full = tuple(shape)
-    present = _present_grads(spec, has, needs, tensors)
+    present = _autograd.present_grads(spec, has, needs, tensors)
     out = []
     for gname, p in zip(spec.grads, present):
         if not p:
@@ -183,24 +183,9 @@ def _backward_fake(name, tensors, grads, coef_v, coef_t, td, shape, has, side_sh
             out.append(ref.new_empty(tuple(side_shape)))
         elif gname == "beta":
             out.append(ref.new_empty(tuple(tensors[0].shape)))
-        elif gname == "init" and spec.family == "linrec":
-            out.append(ref.new_empty(tuple(tensors[1].shape)))
         else:
             out.append(ref.new_empty(full))
     return out
-
-
-def _present_grads(spec, has, needs, tensors):
-    """Which of ``spec.grads`` the backward returns (the rest come back absent)."""
-    if spec.family == "returns":
-        h = dict(zip(("values", "next_values", "bootstrap_value"), has))
-        if "log_rhos" in spec.inputs:  # V-trace: values are always given
-            return [True, True, h["next_values"], h["bootstrap_value"]]
-        return [True] + [h[n] for n in spec.grads[1:]]
-    if spec.family == "forward":
-        return [True, bool(has[0]) and bool(needs[-1])]
-    a, b, i = needs
-    return [a, b, i and tensors[1] is not None]
 
 
 torch.library.custom_op(

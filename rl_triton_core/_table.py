@@ -44,15 +44,17 @@ class Estimator:
     ``inputs``: its tensor arguments in signature order, mapped by ``slots`` to the
     kernel's slots; ``coefs``: its coefficient arguments (numbers or tensors);
     ``outputs``: what it returns; ``grads``: the inputs that take gradients;
-    ``family``: which validation applies (``returns``: rewards-shaped data with
-    step-aligned flags; ``forward``: ``x`` with ``done`` and ``init``; ``linrec``: the
-    primitive); ``reverse``: the scan's direction (None: a ``reverse`` argument).
+    ``checks``: which validation applies (``_call.CHECKS``: ``returns``: rewards-shaped
+    data with step-aligned flags; ``forward``: ``x`` with ``done`` and ``init``;
+    ``linrec``: the primitive); ``backward``: its backward pass (``_autograd.BACKWARDS``:
+    ``gae``, ``td``, ``vtrace``, ``trace``, ``linrec``; None: not differentiable);
+    ``reverse``: the scan's direction (None: a ``reverse`` argument).
     ``bwd_mode``: the kernel mode of its fused backward pass (None: torch ops and the
     primitive's scan).
     """
 
     name: str
-    family: str
+    checks: str
     mode: int
     inputs: tuple
     slots: tuple  # (input name, kernel slot) pairs
@@ -60,6 +62,7 @@ class Estimator:
     outputs: tuple = ("out",)
     grads: tuple = ()
     reverse: bool | None = True
+    backward: str | None = None
     bwd_mode: int | None = None
     required: tuple = ()  # inputs that must be tensors (the rest may be None)
 
@@ -87,20 +90,22 @@ TABLE = {
     e.name: e
     for e in (
         Estimator("gae", "returns", MODE_GAE, _RETURNS_IN, _RETURNS_SLOTS, ("gamma", "lmbda"),
-                  ("advantages", "value_targets"), _VALUE_GRADS, bwd_mode=MODE_GAE_BWD,
+                  ("advantages", "value_targets"), _VALUE_GRADS, backward="gae",
+                  bwd_mode=MODE_GAE_BWD,
                   required=("rewards", "terminated")),
         Estimator("lambda_returns", "returns", MODE_TDLAMBDA, _RETURNS_IN, _RETURNS_SLOTS,
-                  ("gamma", "lmbda"), ("returns",), _VALUE_GRADS, bwd_mode=MODE_TD_BWD,
+                  ("gamma", "lmbda"), ("returns",), _VALUE_GRADS, backward="td",
+                  bwd_mode=MODE_TD_BWD,
                   required=("rewards", "terminated")),
         Estimator("discounted_returns", "returns", MODE_TDLAMBDA,
                   ("rewards", "terminated", "truncated", "next_values", "bootstrap_value"),
                   tuple(p for p in _RETURNS_SLOTS if p[0] != "values"), ("gamma",),
                   ("returns",), ("rewards", "next_values", "bootstrap_value"),
-                  bwd_mode=MODE_TD_BWD, required=("rewards", "terminated")),
+                  backward="td", bwd_mode=MODE_TD_BWD, required=("rewards", "terminated")),
         Estimator("vtrace", "returns", MODE_VTRACE, ("log_rhos",) + _RETURNS_IN,
                   (("log_rhos", "rho"),) + _RETURNS_SLOTS,
                   ("gamma", "lmbda", "rho_bar", "c_bar", "pg_rho_bar"), ("vs", "pg_advantages"),
-                  _VALUE_GRADS, bwd_mode=MODE_VTRACE_BWD,
+                  _VALUE_GRADS, backward="vtrace", bwd_mode=MODE_VTRACE_BWD,
                   required=("log_rhos", "rewards", "values", "terminated")),
         Estimator("retrace", "returns", MODE_RETRACE,
                   ("log_rhos", "rewards", "q_values", "expected_next_q", "terminated",
@@ -112,13 +117,16 @@ TABLE = {
                             "terminated")),
         Estimator("eligibility_traces", "forward", MODE_TRACE, ("x", "done", "init"),
                   (("x", "x"), ("done", "term"), ("init", "init")), ("gamma", "lmbda"),
-                  ("traces",), ("x", "init"), reverse=False, bwd_mode=MODE_TRACE,
+                  ("traces",), ("x", "init"), reverse=False, backward="trace",
+                  bwd_mode=MODE_TRACE,
                   required=("x", "done")),
         Estimator("episodic_cumsum", "forward", MODE_TRACE, ("x", "done", "init"),
                   (("x", "x"), ("done", "term"), ("init", "init")), (), ("sums",),
-                  ("x", "init"), reverse=False, bwd_mode=MODE_TRACE, required=("x", "done")),
+                  ("x", "init"), reverse=False, backward="trace", bwd_mode=MODE_TRACE,
+                  required=("x", "done")),
         Estimator("linear_recurrence", "linrec", MODE_LINREC, ("alpha", "beta", "init"),
                   (("alpha", "x"), ("beta", "v"), ("init", "init")), (), ("h",),
-                  ("alpha", "beta", "init"), reverse=None, required=("alpha", "beta")),
+                  ("alpha", "beta", "init"), reverse=None, backward="linrec",
+                  required=("alpha", "beta")),
     )
 }

@@ -311,3 +311,18 @@ def test_fused_backward_replays_a_cached_launch(case, seed, captured_launches):
     for pos, (w, g) in enumerate(zip(want, got)):
         if not isinstance(w, torch.Tensor):
             assert type(g) is type(w) and g == w, (pos, g, w)
+
+
+def test_every_row_names_its_checks_and_backward():
+    """The table carries behaviour: each row names the validation it takes and its
+    backward pass, and both exist; a row takes gradients exactly when it names a
+    backward (nothing is chosen by which inputs a row has)."""
+    from rl_triton_core import _autograd, _call, _table
+
+    for name, spec in _table.TABLE.items():
+        assert spec.checks in _call.CHECKS, name
+        assert (spec.backward is None) == (not spec.grads), name
+        assert spec.backward is None or spec.backward in _autograd.BACKWARDS, name
+        assert set(spec.grads) <= set(spec.inputs), name
+    # V-trace's backward is V-trace's because its row says so, and only that row's
+    assert [n for n, e in _table.TABLE.items() if e.backward == "vtrace"] == ["vtrace"]

@@ -309,7 +309,8 @@ def test_cpu_floor_reads_every_input_and_reuses_its_outputs(flags):
     ins = nums + fl
     threads = torch.get_num_threads()
     variants = C.floor_variants(ins, nums[0])
-    c = {"C 1t", "C 2t"} if _cpu_c.available() else set()  # the fused C pass, where built
+    c = ({"C 1t", "C 2t", "C fused 1t", "C fused 2t"} if _cpu_c.available()
+         else set())  # the C passes, where built
     assert set(variants) == {"numpy 1t", "numpy 2t", "torch 1t", "torch 2t"} | c
     first = None
     for name, fn in variants.items():

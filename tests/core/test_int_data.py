@@ -54,7 +54,7 @@ def _args(spec, dev, gen, *, with_optional=()):
 def _call(spec, args):
     fn = getattr(rc, spec.name)
     kw = dict(args)
-    if spec.family == "forward":
+    if spec.checks == "forward":
         return fn(kw.pop("x"), kw.pop("done"), time_dim=1, **kw)
     return fn(**kw, time_dim=1)
 
