@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from rl_triton_core import _autograd, _call, _validate
+from rl_triton_core._layout import normalize_time_dim
 from rl_triton_core._table import TABLE, Estimator
 
 _OPS: dict = {}
@@ -107,7 +108,7 @@ def _setup_of(spec: Estimator):
     def setup_context(ctx, inputs, output):
         raw, time_dim = _raw(spec, inputs)
         first = output[0] if spec.n_out == 2 else output
-        ctx.s = _autograd.saved_of(spec, raw, time_dim % first.dim(), first)
+        ctx.s = _autograd.saved_of(spec, raw, normalize_time_dim(time_dim, first.dim()), first)
         n = len(spec.inputs)
         coef_t = [inputs[n + 2 * i + 1] for i in range(len(spec.coefs))]
         ctx.coef_v = [inputs[n + 2 * i] for i in range(len(spec.coefs))]
