@@ -8,6 +8,8 @@ import math
 
 import torch
 
+from rl_triton_core._table import TABLE
+
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # Allowed error, relative to max(1, max |reference|) plus the same relative to |reference|.
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-2}
@@ -19,8 +21,10 @@ FLAG_PATTERNS = ("random", "disjoint", "trunc_superset", "no_truncated", "all_do
 # Memory layouts of an input: a view with the same values.
 VIEWS = ("contiguous", "transposed", "strided", "strided0")
 
-BACKWARD = ("gae", "lambda_returns", "discounted_returns", "vtrace", "retrace")
-FORWARD = ("eligibility_traces", "episodic_cumsum")
+# the estimators by the validation their table row names: rewards-shaped with
+# step-aligned flags (scanned backward in time), and the forward scans
+BACKWARD = tuple(n for n, e in TABLE.items() if e.checks == "returns")
+FORWARD = tuple(n for n, e in TABLE.items() if e.checks == "forward")
 
 
 def lib(name: str):

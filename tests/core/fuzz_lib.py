@@ -30,13 +30,15 @@ import torch
 
 import rl_triton_core as rc
 from rl_triton_core import reference as ref
+from rl_triton_core._table import TABLE
 
 F64 = torch.float64
-ESTIMATORS = ("gae", "lambda_returns", "discounted_returns", "vtrace", "retrace",
-              "retrace_from_actions", "eligibility_traces", "episodic_cumsum",
-              "linear_recurrence")
-RETURNS = ("gae", "lambda_returns", "discounted_returns", "vtrace", "retrace")
-FORWARD = ("eligibility_traces", "episodic_cumsum")
+# every row of the table, and retrace_from_actions (built on retrace's row)
+ESTIMATORS = tuple(TABLE) + ("retrace_from_actions",)
+RETURNS = tuple(n for n, e in TABLE.items() if e.checks == "returns")
+FORWARD = tuple(n for n, e in TABLE.items() if e.checks == "forward")
+# the rows that bootstrap from next_values or bootstrap_value
+BOOTSTRAPPED = tuple(n for n, e in TABLE.items() if "bootstrap_value" in e.inputs)
 HALF = (torch.float16, torch.bfloat16)
 # allowed error relative to max(1, max |reference|), plus the same relative to |reference|
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-2}
@@ -88,7 +90,7 @@ def draw_profile(name: str, rng: random.Random, device: str = "cpu", tiny: bool 
     p["flag_bcast"] = _bcast_pattern(rng, n_lead + 1 + n_trail, n_lead, 0.2)
     if name in RETURNS:
         p["trunc"] = rng.random() < 0.6
-    if name in ("gae", "lambda_returns", "discounted_returns", "vtrace"):
+    if name in BOOTSTRAPPED:
         p["vmode"] = _pick(rng, {"next_values": 1, "bootstrap": 1, "shifted": 1})
         p["boot_bcast"] = _bcast_pattern(rng, n_lead + n_trail, n_lead, 0.2)
     if name == "lambda_returns":

@@ -17,11 +17,11 @@ from core_testlib import TOL, bernoulli, uniform
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
 from rl_triton_core import _config, _dispatch, _launch
+from rl_triton_core._table import TABLE
 
 LEAD, T, A, F = (2, 3), 9, 3, 2  # two lead axes: a permuted out cannot merge them
-TWO_OUT = {"gae", "vtrace"}
-NAMES = ("gae", "lambda_returns", "discounted_returns", "vtrace", "retrace",
-         "retrace_from_actions", "eligibility_traces", "episodic_cumsum", "linear_recurrence")
+TWO_OUT = {n for n, e in TABLE.items() if e.n_out == 2}
+NAMES = tuple(TABLE) + ("retrace_from_actions",)  # every row, and the one built on retrace
 
 
 def _shape(td):
@@ -46,7 +46,8 @@ def _case(name, gen, td, dtype, dev):
     term = _flag(gen, shape).to(dev)
     trunc = _flag(gen, shape).to(dev) if rng.random() < 0.7 else None
     kw = dict(time_dim=td)
-    if name in ("gae", "lambda_returns", "discounted_returns", "vtrace"):
+    row = TABLE.get(name, TABLE["retrace"])  # retrace_from_actions: on retrace's row
+    if "bootstrap_value" in row.inputs:
         if rng.random() < 0.5:
             kw["next_values"] = data()
         else:
