@@ -17,12 +17,14 @@
  *   3. the whitening pass over the stored advantages, each thread on its own responses
  *      (the ones it just wrote, most recent first: read back from its caches).
  *
- * Padded data (each row one response of P tokens) runs 8 responses at once in the AVX2
- * lanes (x86-64 with AVX2, checked at run time): 8 tokens of 8 rows are loaded, transposed
- * in registers and converted to float64, the recurrence runs over the 8 tokens with one
- * response per lane (two 4-lane chains: the mul+add latency is hidden), and the outputs
- * are transposed back and stored 8 tokens per row. Packed data (cu_seqlens) and other
- * machines run the scalar loop, one response at a time.
+ * Padded data (each row one response of P tokens) runs 8 responses at once in vector
+ * lanes, the widest the CPU has (checked at run time). With AVX-512, 16 tokens of 8 rows
+ * (a float32 row's 64-byte line) are loaded, transposed in registers and converted to
+ * float64, the recurrence runs over the 16 tokens with one response per lane of one
+ * register (masks in mask registers), and the outputs are transposed back and stored a
+ * line per row. With AVX2 the same in blocks of 8 tokens, two 4-lane chains. Packed data
+ * (cu_seqlens) and other machines run the scalar loop, one response at a time. All three
+ * give the same bits (use_simd() lets the tests reach each).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
