@@ -29,12 +29,14 @@ from core_testlib import assert_close_to_ref
 
 import rl_triton_core as rc
 from rl_triton_core import reference as ref
+from rl_triton_core._table import TABLE
 
-CASES = ("gae", "lambda_returns", "discounted_returns", "vtrace", "retrace",
-         "retrace_from_actions", "eligibility_traces", "episodic_cumsum",
-         "linear_recurrence", "linear_recurrence_forward")
-RETURNS = ("gae", "lambda_returns", "discounted_returns", "vtrace")
-FORWARD = ("eligibility_traces", "episodic_cumsum")
+# every row of the table, retrace_from_actions (on retrace's row) and the primitive
+# run forward in time
+CASES = tuple(TABLE) + ("retrace_from_actions", "linear_recurrence_forward")
+# the rows that bootstrap from next_values or bootstrap_value
+RETURNS = tuple(n for n, e in TABLE.items() if "bootstrap_value" in e.inputs)
+FORWARD = tuple(n for n, e in TABLE.items() if e.checks == "forward")
 LINREC = ("linear_recurrence", "linear_recurrence_forward")
 # the inputs each case differentiates (next_values / bootstrap_value where given)
 GRADS = {"gae": ("rewards", "values", "next_values", "bootstrap_value"),
@@ -59,7 +61,7 @@ def _vmodes(case):
     """How V' is given: "shifted" (values shifted, a bootstrap value; the boundaries
     are terminated, since after a truncation slot t+1 would be the old episode's) or
     "next" (explicit next values / expected next Q: the boundaries may be truncated)."""
-    if case in ("gae", "lambda_returns", "discounted_returns", "vtrace"):
+    if case in RETURNS:
         return ("shifted", "next")
     if case == "retrace":
         return ("next",)
