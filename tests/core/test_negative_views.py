@@ -71,6 +71,7 @@ def test_negative_out_is_refused(impl, gen):
     dev = impl.device
     r, v = (torch.randn(3, 40, generator=gen).to(dev) for _ in range(2))
     d = (torch.rand(3, 40, generator=gen) < 0.1).to(dev)
-    outs = (_neg_view(torch.empty_like(r)), torch.empty_like(r))
+    # (filled: uninitialized memory may hold NaN, which _neg_view's equality check rejects)
+    outs = (_neg_view(torch.randn(3, 40, generator=gen).to(dev)), torch.empty_like(r))
     with pytest.raises(ValueError, match="negative bit"):
         rc.gae(r, v, d, time_dim=-1, out=outs)
