@@ -616,29 +616,34 @@ CT_AVX2_FN CT_INLINE void vec_group(const Ctx *c, Py_ssize_t first, int nl, cons
     }
 }
 
-#define VEC_CASE(MODE, ST)                                                               \
+/* rows [lo, hi), last group first, through GROUP (vec_group or vec_group512), each mode
+   and statistics case compiled on its own; then the streamed stores reach memory before
+   this thread's work ends */
+#define VEC_CASE(GROUP, MODE, ST)                                                        \
     for (Py_ssize_t g0 = hi; g0 > lo; g0 -= 8) {                                         \
         Py_ssize_t first = g0 - 8 < lo ? lo : g0 - 8;                                    \
         if (c->out_f32)                                                                  \
-            vec_group(c, first, (int)(g0 - first), MODE, ST, 1);                         \
+            GROUP(c, first, (int)(g0 - first), MODE, ST, 1);                             \
         else                                                                             \
-            vec_group(c, first, (int)(g0 - first), MODE, ST, 0);                         \
+            GROUP(c, first, (int)(g0 - first), MODE, ST, 0);                             \
     }                                                                                    \
     break;
+#define VEC_SCAN(GROUP)                                                                  \
+    switch (c->mode * 2 + (c->want_stats != 0)) {                                        \
+    case 0: VEC_CASE(GROUP, GAE_SKIP, 0)                                                 \
+    case 1: VEC_CASE(GROUP, GAE_SKIP, 1)                                                 \
+    case 2: VEC_CASE(GROUP, GAE_MUL, 0)                                                  \
+    case 3: VEC_CASE(GROUP, GAE_MUL, 1)                                                  \
+    case 4: VEC_CASE(GROUP, RET_SKIP, 0)                                                 \
+    case 5: VEC_CASE(GROUP, RET_SKIP, 1)                                                 \
+    case 6: VEC_CASE(GROUP, RET_MUL, 0)                                                  \
+    default: VEC_CASE(GROUP, RET_MUL, 1)                                                 \
+    }                                                                                    \
+    if (c->nt)                                                                           \
+        _mm_sfence();
 
 CT_AVX2_FN static void scan_avx2(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
-    switch (c->mode * 2 + (c->want_stats != 0)) {
-    case 0: VEC_CASE(GAE_SKIP, 0)
-    case 1: VEC_CASE(GAE_SKIP, 1)
-    case 2: VEC_CASE(GAE_MUL, 0)
-    case 3: VEC_CASE(GAE_MUL, 1)
-    case 4: VEC_CASE(RET_SKIP, 0)
-    case 5: VEC_CASE(RET_SKIP, 1)
-    case 6: VEC_CASE(RET_MUL, 0)
-    default: VEC_CASE(RET_MUL, 1)
-    }
-    if (c->nt)
-        _mm_sfence(); /* the streamed stores reach memory before this thread's work ends */
+    VEC_SCAN(vec_group)
 }
 
 /* ------------------------------------------------------------------ AVX-512 scan */
@@ -905,29 +910,8 @@ CT_AVX512_FN CT_INLINE void vec_group512(const Ctx *c, Py_ssize_t first, int nl,
     }
 }
 
-#define VEC512_CASE(MODE, ST)                                                            \
-    for (Py_ssize_t g0 = hi; g0 > lo; g0 -= 8) {                                         \
-        Py_ssize_t first = g0 - 8 < lo ? lo : g0 - 8;                                    \
-        if (c->out_f32)                                                                  \
-            vec_group512(c, first, (int)(g0 - first), MODE, ST, 1);                      \
-        else                                                                             \
-            vec_group512(c, first, (int)(g0 - first), MODE, ST, 0);                      \
-    }                                                                                    \
-    break;
-
 CT_AVX512_FN static void scan_avx512(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
-    switch (c->mode * 2 + (c->want_stats != 0)) {
-    case 0: VEC512_CASE(GAE_SKIP, 0)
-    case 1: VEC512_CASE(GAE_SKIP, 1)
-    case 2: VEC512_CASE(GAE_MUL, 0)
-    case 3: VEC512_CASE(GAE_MUL, 1)
-    case 4: VEC512_CASE(RET_SKIP, 0)
-    case 5: VEC512_CASE(RET_SKIP, 1)
-    case 6: VEC512_CASE(RET_MUL, 0)
-    default: VEC512_CASE(RET_MUL, 1)
-    }
-    if (c->nt)
-        _mm_sfence();
+    VEC_SCAN(vec_group512)
 }
 #endif /* CT_AVX2 */
 
