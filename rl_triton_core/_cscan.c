@@ -48,6 +48,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
+#include <math.h>
 #include "_cpool.h"
 
 #define MODE_GAE 1
@@ -1382,7 +1383,8 @@ static Py_ssize_t call_key(PyObject *prefix, PyObject *args, PyObject *time_dim,
                 return 0;
             }
             const int nd = d->ndim;
-            if (d->device.device_type != DL_CPU) return 0; /* recordings are of CPU calls */
+            /* recordings are of CPU calls, and of CUDA ones (_claunch.h) */
+            if (d->device.device_type != DL_CPU && d->device.device_type != 2) return 0;
             if (nd < 0 || nd > KEY_DIMS || k + 24 + 16 * nd > end) return 0;
             *k++ = 'T';
             *k++ = (char)nd;
@@ -1510,6 +1512,8 @@ static PyObject *new_output(PyObject *shape, PyObject *dtype, char **data) {
     return t;
 }
 
+#include "_claunch.h"
+
 /* replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds a
  * recording of it, under key(prefix, args, time_dim, tuning), as (replay_t bytes, output shape,
  * output dtype, tuning, two outputs); else None (the Python path takes the call). */
@@ -1521,9 +1525,10 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (!dl_api) Py_RETURN_NONE;
     /* read at call time, as the Python path reads them */
     const char *backend = getenv("RL_TRITON_CORE_BACKEND");
-    if (backend && strcmp(backend, "auto") && strcmp(backend, "cpu")) Py_RETURN_NONE;
+    const int auto_ = !backend || !strcmp(backend, "auto");
     const char *kernel = getenv("RL_TRITON_CORE_CPU_KERNEL");
-    if (kernel && !strcmp(kernel, "numba")) Py_RETURN_NONE;
+    const int cpu_ok = (auto_ || !strcmp(backend, "cpu")) && !(kernel && !strcmp(kernel, "numba"));
+    const int gpu_ok = auto_ || !strcmp(backend, "triton");
     char buf[KEY_CAP];
     dl_tensor_t dl[KEY_ARGS];
     const Py_ssize_t n = call_key(args[1], args[2], args[3], args[4], buf, KEY_CAP, dl);
@@ -1543,7 +1548,13 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
      * drop the plan from the dictionary */
     Py_INCREF(rec);
     PyObject *out0 = NULL, *out1 = NULL, *res = NULL;
-    if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 5 ||
+    if (PyTuple_CheckExact(rec) && PyTuple_GET_SIZE(rec) == 5 &&
+        PyTuple_GET_ITEM(rec, 2) == args[4]) { /* a CUDA call's recording */
+        res = gpu_ok ? gpu_replay(rec, args[2], dl) : (Py_INCREF(Py_None), Py_None);
+        Py_DECREF(rec);
+        return res;
+    }
+    if (!cpu_ok || !PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 5 ||
         PyTuple_GET_ITEM(rec, 3) != args[4])
         goto none; /* recorded under another tuning */
     PyObject *blob = PyTuple_GET_ITEM(rec, 0);
@@ -1899,6 +1910,13 @@ static PyMethodDef methods[] = {
      "replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds "
      "(recording, shape, dtype, tuning, two_out) under key(prefix, args, time_dim, "
      "tuning) and every check passes; else None."},
+    {"gpu_bind", (PyCFunction)(void (*)(void))gpu_bind, METH_FASTCALL,
+     "gpu_bind(torch.empty_strided, torch.zeros, triton.knobs.runtime): find the CUDA "
+     "driver; True where replay() can repeat recorded CUDA launches."},
+    {"param_sizes", param_sizes, METH_O,
+     "param_sizes(function): each parameter's byte size of a CUfunction, or None."},
+    {"grecord", (PyCFunction)(void (*)(void))grecord, METH_FASTCALL,
+     "grecord(nargs, checks, launches): a recorded CUDA call as bytes for replay()."},
     {"floor", (PyCFunction)(void (*)(void))floor_, METH_FASTCALL,
      "floor(out0, out1, threads, *inputs): the benchmark's same-bytes floor: reads each "
      "input once (1-D, contiguous, float32, one byte or int64), writes out0 = the sum of "

@@ -183,8 +183,14 @@ def _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx, o
         like = None if like_idx is None else index.get(like_idx)
         if like_idx is not None and like is None:
             return
-        _store(key, _launch.record(raw, index, call, out0, out1, like, out_dtype, layout.shape,
-                                   user_out, len(raw) - 2))
+        plan = _launch.record(raw, index, call, out0, out1, like, out_dtype, layout.shape,
+                              user_out, len(raw) - 2)
+        _store(key, plan)
+        if plan is not None and not user_out and out0.device.type == "cuda":
+            # the same launch for the C replay, under its key (no Python on a repeat)
+            (name, _, time_dim), tune = key[0], key[1]
+            _launch.record_c(_cpu_c.key(c_prefix(name), raw[:-2], time_dim, tune), plan,
+                             call, out0, out1, len(raw) - 2, tune)
 
 
 _F64 = np.zeros(1)

@@ -459,3 +459,39 @@ def record(raw, index, launched_call, out0, out1, like_idx, dtype, shape, user_o
             if type(t) is torch.Tensor and t.numel():
                 (p.out_extents if idx >= out_idx else p.in_extents).append((idx, extent(t)))
     return p
+
+
+def record_c(ckey, plan, launched_call, out0, out1, nargs, tune):
+    """Record ``plan`` (just recorded from ``launched_call``, fresh outputs) for the C
+    replay (:mod:`rl_triton_core._claunch`) under ``ckey``, where it can be."""
+    from rl_triton_core import _claunch as c
+
+    args, _, ws_spec, _ = launched_call
+    allocs = [(out0, False)]
+    where = {0: 0}
+    if out1 is not None:
+        where[1] = len(allocs)
+        allocs.append((out1, False))
+    if args[WS_POS] is not None:
+        where[WS_POS] = len(allocs)
+        allocs.append((args[WS_POS], ws_spec[2]))
+    tensors = dict(plan.tensor_pos)
+    numbers = {}
+    for pos, idx, lo_idx in plan.number_pos:
+        numbers[(pos,)] = (c.P_F32 if lo_idx is None else c.P_HI, idx)
+        if lo_idx is not None:
+            numbers[(LO_POS, lo_idx)] = (c.P_LO, idx)
+
+    def source(path):
+        if len(path) == 1 and path[0] in where:
+            return c.P_ALLOC, where[path[0]]
+        if len(path) == 1 and path[0] in tensors:
+            return c.P_ARG, tensors[path[0]]
+        return numbers.get(path)
+
+    checks = [None] * nargs
+    for idx, lo, hi in plan.checks:
+        checks[idx] = (float(lo), float(hi))
+    launches = [(k, grid, (*args, *consts)) for k, grid, consts in plan.kernels]
+    c.record(ckey, launches, allocs, 2 if out1 is not None else 1, nargs, checks,
+             out0.device, tune, source)

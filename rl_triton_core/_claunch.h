@@ -1,0 +1,330 @@
+/* The recorded GPU launch, repeated in C (included by _cscan.c, after the CPU replay's
+ * key and exchange table).
+ *
+ * A repeated CUDA call of the same shapes, strides, dtypes, device and tuning is found
+ * by the replay's key (built from the tensors' metadata through DLPack's exchange table:
+ * no Python attribute read), its numbers are range-checked, its outputs and scratch
+ * buffers are allocated by torch.empty_strided / torch.zeros (torch's caching
+ * allocator, so CUDA graph capture and streams behave as for any torch op), and each
+ * recorded kernel is started by one cuLaunchKernel on torch's current stream of the
+ * device, with its parameters written from a template: the compiled kernel Triton built
+ * for the first call, the same grid, warps and shared memory, the addresses and numbers
+ * of this call. What it does is what rl_triton_core._launch.Plan does through Triton's
+ * launcher; the record is built in Python (rl_triton_core/_claunch.py) from a launch that
+ * just ran through Triton's own launcher, so a replay starts nothing Triton did not.
+ *
+ * The driver is found at run time (dlopen of libcuda, as torch and Triton find it): no
+ * CUDA header or toolkit at build time. Anything not recognised returns None and the
+ * Python path takes the call.
+ */
+
+#if defined(_WIN32)
+#define GPU_REPLAY 0
+#else
+#define GPU_REPLAY 1
+#include <dlfcn.h>
+#endif
+
+#define DL_CUDA 2
+#define GL_LAUNCHES 4 /* kernels of one recorded call, at most */
+#define GL_PARAMS 96  /* parameters of one kernel, at most */
+#define GL_ALLOCS 4   /* tensors a call allocates (outputs first), at most */
+
+/* a parameter's source */
+enum { P_CONST = 0, P_ALLOC, P_ARG, P_F32, P_HI, P_LO };
+
+typedef struct {
+    void *fn; /* CUfunction */
+    uint32_t grid[3], block, shared;
+    int32_t nparams;
+    int8_t kind[GL_PARAMS]; /* P_* */
+    int8_t idx[GL_PARAMS];  /* the allocation or the user's argument it comes from */
+    uint8_t size[GL_PARAMS]; /* bytes the kernel reads: 4 or 8 */
+    uint64_t value[GL_PARAMS]; /* a constant's bits (P_CONST) */
+} glaunch_t;
+
+typedef struct {
+    int32_t nargs, nlaunch;
+    int8_t num[KEY_ARGS]; /* 1: the argument is a number, checked against [lo, hi] */
+    double lo[KEY_ARGS], hi[KEY_ARGS];
+    glaunch_t l[GL_LAUNCHES];
+} grecord_t;
+
+typedef int (*cu_launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned,
+                           unsigned, unsigned, void *, void **, void **);
+typedef int (*cu_ctx_dev_t)(int *);
+typedef int (*cu_param_info_t)(void *, size_t, size_t *, size_t *);
+typedef int (*dl_stream_t)(int32_t, int32_t, void **);
+
+static cu_launch_t cu_launch;
+static cu_ctx_dev_t cu_ctx_device;
+static cu_param_info_t cu_param_info;
+static dl_stream_t dl_stream;
+static PyObject *torch_empty_strided, *torch_zeros, *triton_runtime, *kw_dtype_device;
+static PyObject *s_enter_hook, *s_exit_hook;
+
+/* gpu_bind(torch.empty_strided, torch.zeros, triton.knobs.runtime): finds the CUDA
+ * driver's entry points; True where the GPU replay can run. */
+static PyObject *gpu_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.gpu_bind(empty_strided, zeros, runtime)");
+        return NULL;
+    }
+#if GPU_REPLAY
+    if (!dl_api) Py_RETURN_FALSE;
+    /* DLPack's current_work_stream follows dltensor_from_py_object_no_sync */
+    dl_stream = (dl_stream_t)(((void *const *)&dl_api->dltensor_from_py_object_no_sync)[1]);
+    if (!dl_stream) Py_RETURN_FALSE;
+    if (!cu_launch) {
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
+        if (!lib) Py_RETURN_FALSE;
+        cu_launch = (cu_launch_t)dlsym(lib, "cuLaunchKernel");
+        cu_ctx_device = (cu_ctx_dev_t)dlsym(lib, "cuCtxGetDevice");
+        cu_param_info = (cu_param_info_t)dlsym(lib, "cuFuncGetParamInfo");
+        if (!cu_launch || !cu_ctx_device || !cu_param_info) {
+            cu_launch = NULL;
+            Py_RETURN_FALSE;
+        }
+    }
+    if (!s_enter_hook && !(s_enter_hook = PyUnicode_InternFromString("launch_enter_hook")))
+        return NULL;
+    if (!s_exit_hook && !(s_exit_hook = PyUnicode_InternFromString("launch_exit_hook")))
+        return NULL;
+    if (!kw_dtype_device && !(kw_dtype_device = Py_BuildValue("(ss)", "dtype", "device")))
+        return NULL;
+    Py_INCREF(args[0]);
+    Py_INCREF(args[1]);
+    Py_INCREF(args[2]);
+    Py_XSETREF(torch_empty_strided, args[0]);
+    Py_XSETREF(torch_zeros, args[1]);
+    Py_XSETREF(triton_runtime, args[2]);
+    Py_RETURN_TRUE;
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+/* param_sizes(function): the byte size of each parameter of a CUfunction (an int), as
+ * the driver reports them; None where it cannot. */
+static PyObject *param_sizes(PyObject *self, PyObject *arg) {
+    if (!cu_param_info) Py_RETURN_NONE;
+    void *fn = PyLong_AsVoidPtr(arg);
+    if (!fn) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *res = PyList_New(0);
+    if (!res) return NULL;
+    for (size_t i = 0; i < 4 * GL_PARAMS; i++) {
+        size_t off = 0, size = 0;
+        if (cu_param_info(fn, i, &off, &size)) break; /* past the last parameter */
+        PyObject *s = PyLong_FromSize_t(size);
+        if (!s || PyList_Append(res, s)) {
+            Py_XDECREF(s);
+            Py_DECREF(res);
+            return NULL;
+        }
+        Py_DECREF(s);
+    }
+    return res;
+}
+
+/* grecord(nargs, checks, launches): a grecord_t as bytes. checks: per argument of the
+ * call, None or (lo, hi) for a number; launches: per kernel (function, (gx, gy, gz),
+ * threads, shared bytes, params), params a tuple of (kind, index, size, bits). None
+ * where it does not fit. */
+static PyObject *grecord(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.grecord(nargs, checks, launches)");
+        return NULL;
+    }
+    grecord_t r;
+    memset(&r, 0, sizeof(r));
+    const long n = PyLong_AsLong(args[0]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    const Py_ssize_t nl = PyTuple_GET_SIZE(args[2]);
+    if (n < 0 || n > KEY_ARGS || PyTuple_GET_SIZE(args[1]) != n || nl < 1 || nl > GL_LAUNCHES)
+        Py_RETURN_NONE;
+    r.nargs = (int32_t)n;
+    r.nlaunch = (int32_t)nl;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PyTuple_GET_ITEM(args[1], i);
+        if (c == Py_None) continue;
+        if (!PyArg_ParseTuple(c, "dd", &r.lo[i], &r.hi[i])) return NULL;
+        r.num[i] = 1;
+    }
+    for (Py_ssize_t j = 0; j < nl; j++) {
+        glaunch_t *L = &r.l[j];
+        PyObject *fn, *params;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(args[2], j), "O(III)IIO!", &fn, &L->grid[0],
+                              &L->grid[1], &L->grid[2], &L->block, &L->shared, &PyTuple_Type,
+                              &params))
+            return NULL;
+        if (!(L->fn = PyLong_AsVoidPtr(fn))) {
+            if (PyErr_Occurred()) return NULL;
+            Py_RETURN_NONE;
+        }
+        const Py_ssize_t np = PyTuple_GET_SIZE(params);
+        if (np > GL_PARAMS) Py_RETURN_NONE;
+        L->nparams = (int32_t)np;
+        for (Py_ssize_t i = 0; i < np; i++) {
+            int kind, idx, size;
+            unsigned long long bits;
+            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(params, i), "iiiK", &kind, &idx, &size,
+                                  &bits))
+                return NULL;
+            if (kind < P_CONST || kind > P_LO || (size != 4 && size != 8) ||
+                (kind == P_ALLOC && (idx < 0 || idx >= GL_ALLOCS)) ||
+                (kind >= P_ARG && (idx < 0 || idx >= n)) ||
+                (kind >= P_F32 && !r.num[idx])) {
+                PyErr_SetString(PyExc_ValueError, "_cscan.grecord: a parameter out of range");
+                return NULL;
+            }
+            L->kind[i] = (int8_t)kind;
+            L->idx[i] = (int8_t)idx;
+            L->size[i] = (uint8_t)size;
+            L->value[i] = bits;
+        }
+    }
+    return PyBytes_FromStringAndSize((const char *)&r, sizeof(r));
+}
+
+#define F32_MAX_SPLIT 3.4e38 /* as _launch.split: the rounded hi stays finite */
+
+/* the float32 pair (hi, lo) with hi + lo == x to ~48 bits (_launch.split) */
+static void split_f32(double x, float *hi, float *lo) {
+    if (!(fabs(x) < F32_MAX_SPLIT)) {
+        *hi = x != x ? (float)x : (float)copysign(INFINITY, x);
+        *lo = 0.0f;
+        return;
+    }
+    *hi = (float)x;
+    *lo = (float)(x - (double)*hi);
+}
+
+/* The replay of a GPU recording rec = (grecord bytes, allocations, tuning, n_out, device)
+ * for the user's arguments call_args (whose views are in dl); None (the Python path) where
+ * a check fails. allocations: per tensor (size, stride, dtype, zeroed). */
+static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_t *dl) {
+#if GPU_REPLAY
+    if (!cu_launch || !triton_runtime) Py_RETURN_NONE;
+    PyObject *blob = PyTuple_GET_ITEM(rec, 0), *allocs = PyTuple_GET_ITEM(rec, 1);
+    const long n_out = PyLong_AsLong(PyTuple_GET_ITEM(rec, 3));
+    PyObject *device = PyTuple_GET_ITEM(rec, 4);
+    if (!PyBytes_Check(blob) || PyBytes_GET_SIZE(blob) != (Py_ssize_t)sizeof(grecord_t) ||
+        !PyTuple_Check(allocs) || PyTuple_GET_SIZE(allocs) > GL_ALLOCS || n_out < 1 ||
+        n_out > PyTuple_GET_SIZE(allocs)) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    const grecord_t *r = (const grecord_t *)PyBytes_AS_STRING(blob);
+    if (PyTuple_GET_SIZE(call_args) != r->nargs) Py_RETURN_NONE;
+    /* a launch hook (a profiler) is called by Triton's launcher: the Python path */
+    for (int h = 0; h < 2; h++) {
+        PyObject *hook = PyObject_GetAttr(triton_runtime, h ? s_exit_hook : s_enter_hook);
+        if (!hook) return NULL;
+        Py_DECREF(hook);
+        if (hook != Py_None) Py_RETURN_NONE;
+    }
+    double nums[KEY_ARGS];
+    int dev = -1;
+    for (Py_ssize_t i = 0; i < r->nargs; i++) {
+        PyObject *a = PyTuple_GET_ITEM(call_args, i);
+        if (Py_IS_TYPE(a, tensor_type)) {
+            /* as the CPU replay: grad and negative-bit views take the Python path */
+            PyObject *rg = PyObject_GetAttr(a, s_requires_grad);
+            if (!rg) return NULL;
+            Py_DECREF(rg);
+            if (rg != Py_False) Py_RETURN_NONE;
+            PyObject *ng = PyObject_CallMethodNoArgs(a, s_is_neg);
+            if (!ng) return NULL;
+            Py_DECREF(ng);
+            if (ng != Py_False) Py_RETURN_NONE;
+            if (dl[i].device.device_type == DL_CUDA) dev = dl[i].device.device_id;
+        } else if (r->num[i]) {
+            const double x = PyFloat_AsDouble(a);
+            if (x == -1.0 && PyErr_Occurred()) return NULL;
+            if (!(r->lo[i] <= x && x <= r->hi[i])) Py_RETURN_NONE; /* NaN too: the error */
+            nums[i] = x;
+        }
+    }
+    /* Triton launches on the current device: another one takes the Python path, which
+     * makes the tensors' device current */
+    int cur = -1;
+    if (dev < 0 || cu_ctx_device(&cur) || cur != dev) Py_RETURN_NONE;
+    void *stream = NULL;
+    if (dl_stream(DL_CUDA, dev, &stream)) return NULL;
+    PyObject *out[GL_ALLOCS] = {NULL};
+    void *ptr[GL_ALLOCS] = {NULL};
+    const Py_ssize_t na = PyTuple_GET_SIZE(allocs);
+    PyObject *res = NULL;
+    for (Py_ssize_t j = 0; j < na; j++) {
+        PyObject *spec = PyTuple_GET_ITEM(allocs, j);
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 4) goto done;
+        PyObject *t;
+        if (PyTuple_GET_ITEM(spec, 3) == Py_True) {
+            PyObject *call[3] = {PyTuple_GET_ITEM(spec, 0), PyTuple_GET_ITEM(spec, 2), device};
+            t = PyObject_Vectorcall(torch_zeros, call, 1, kw_dtype_device);
+        } else {
+            PyObject *call[4] = {PyTuple_GET_ITEM(spec, 0), PyTuple_GET_ITEM(spec, 1),
+                                 PyTuple_GET_ITEM(spec, 2), device};
+            t = PyObject_Vectorcall(torch_empty_strided, call, 2, kw_dtype_device);
+        }
+        if (!t) goto done;
+        out[j] = t;
+        dl_tensor_t d;
+        if (!Py_IS_TYPE(t, tensor_type) || dl_api->dltensor_from_py_object_no_sync(t, &d))
+            goto done;
+        ptr[j] = d.data;
+    }
+    for (int j = 0; j < r->nlaunch; j++) {
+        const glaunch_t *L = &r->l[j];
+        uint64_t slot[GL_PARAMS];
+        void *params[GL_PARAMS];
+        for (int i = 0; i < L->nparams; i++) {
+            uint64_t v = L->value[i];
+            float hi, lo;
+            switch (L->kind[i]) {
+            case P_ALLOC: v = (uint64_t)(uintptr_t)ptr[L->idx[i]]; break;
+            case P_ARG: v = (uint64_t)(uintptr_t)dl[L->idx[i]].data; break;
+            case P_F32: hi = (float)nums[L->idx[i]]; v = 0; memcpy(&v, &hi, 4); break;
+            case P_HI:
+            case P_LO:
+                split_f32(nums[L->idx[i]], &hi, &lo);
+                v = 0;
+                memcpy(&v, L->kind[i] == P_HI ? &hi : &lo, 4);
+                break;
+            default: break;
+            }
+            slot[i] = v; /* little-endian: a 4-byte parameter is the slot's first bytes */
+            params[i] = &slot[i];
+        }
+        const int err = cu_launch(L->fn, L->grid[0], L->grid[1], L->grid[2], L->block, 1, 1,
+                                  L->shared, stream, params, NULL);
+        if (err) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "rl_triton_core: cuLaunchKernel failed (CUDA error %d)", err);
+            goto done;
+        }
+    }
+    if (n_out == 1) {
+        res = out[0];
+        Py_INCREF(res);
+    } else {
+        res = PyTuple_New(n_out);
+        if (res)
+            for (long j = 0; j < n_out; j++) {
+                Py_INCREF(out[j]);
+                PyTuple_SET_ITEM(res, j, out[j]);
+            }
+    }
+done:
+    for (Py_ssize_t j = 0; j < GL_ALLOCS; j++) Py_XDECREF(out[j]);
+    if (!res && !PyErr_Occurred()) Py_RETURN_NONE;
+    return res;
+#else
+    (void)rec, (void)call_args, (void)dl;
+    Py_RETURN_NONE;
+#endif
+}

@@ -1,0 +1,133 @@
+"""Recorded CUDA launches, repeated in C (``_cscan.replay``; ``_claunch.h``).
+
+A call that just ran through Triton's launcher is recorded as what the driver was
+given: per compiled kernel its function handle, grid, threads, shared memory and each
+parameter's source -- a constant, a tensor the call allocates (the outputs, a
+workspace), one of the user's tensors, or one of the user's numbers (as a float32, or
+as the float32 pair of a float64 coefficient). A repeated call with the same key is
+then checked, allocated and launched in C: no Python between the front door and
+``cuLaunchKernel``.
+
+The parameter list is Triton's: the compiled kernel's signature with its compile-time
+constants left out and its tuples flattened, then the scratch pointers Triton appends
+(null where the kernel needs no scratch). It is checked against the parameter sizes
+the driver reports for the function; anything that does not match, and any launch
+Triton would start differently (clusters, cooperative or programmatic launches,
+scratch memory, launch hooks), is not recorded and keeps the Python path.
+``RL_TRITON_CORE_C_LAUNCH=0`` (read when a call is recorded) keeps every call there.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import torch
+
+from rl_triton_core import _cpu_c
+
+P_CONST, P_ALLOC, P_ARG, P_F32, P_HI, P_LO = range(6)
+# a constant parameter's packing and the bytes the kernel reads, by Triton type
+_PACK = {"i32": ("<i", 4), "u32": ("<I", 4), "i64": ("<q", 8), "u64": ("<Q", 8),
+         "fp32": ("<f", 4), "fp64": ("<d", 8)}
+_bound = None
+
+
+def available() -> bool:
+    """Whether recorded CUDA launches can be repeated in C here (the extension is built,
+    torch has DLPack's exchange table and the CUDA driver has the entry points)."""
+    global _bound
+    if _bound is None:
+        _bound = False
+        if _cpu_c.replay is not None and torch.cuda.is_available():
+            from triton import knobs
+
+            _bound = bool(_cpu_c._cscan.gpu_bind(torch.empty_strided, torch.zeros,
+                                                 knobs.runtime))
+    return _bound
+
+
+def enabled() -> bool:
+    return os.environ.get("RL_TRITON_CORE_C_LAUNCH", "1") != "0" and available()
+
+
+def _flatten(sig, value, path, out):
+    """Triton's runtime parameters of one argument: tuples flattened, constants left out."""
+    if isinstance(sig, tuple):
+        if not isinstance(value, tuple) or len(value) != len(sig):
+            raise _NotRecordable
+        for k, (s, v) in enumerate(zip(sig, value)):
+            _flatten(s, v, path + (k,), out)
+    elif sig != "constexpr":
+        out.append((path, sig, value))
+
+
+class _NotRecordable(Exception):
+    pass
+
+
+def _launch_of(kernel, grid, full, source):
+    """One kernel's record: (function, grid, threads, shared bytes, params)."""
+    md = kernel.metadata
+    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
+            or getattr(md, "launch_pdl", False) or getattr(md, "global_scratch_size", 0)
+            or getattr(md, "profile_scratch_size", 0) or getattr(md, "tensordesc_meta", None)
+            or kernel.function is None):
+        raise _NotRecordable
+    sig = kernel.src.signature
+    names = kernel.src.fn.arg_names
+    if len(full) != len(names):
+        raise _NotRecordable
+    flat = []
+    for pos, name in enumerate(names):
+        _flatten(sig[name], full[pos], (pos,), flat)
+    sizes = _cpu_c._cscan.param_sizes(kernel.function)
+    if sizes is None or not len(flat) <= len(sizes) <= len(flat) + 2:
+        raise _NotRecordable
+    params = []
+    for (path, ty, value), size in zip(flat, sizes):
+        src = source(path)
+        if ty.startswith("*"):
+            if src is None or size != 8:  # a pointer that is not the call's own
+                raise _NotRecordable
+            params.append((*src, 8, 0))
+        elif src is not None:  # one of the user's numbers
+            if ty != "fp32" or size != 4:
+                raise _NotRecordable
+            params.append((*src, 4, 0))
+        else:
+            fmt, nbytes = _PACK.get(ty, (None, 0))
+            if fmt is None or nbytes != size:
+                raise _NotRecordable
+            params.append((P_CONST, 0, size,
+                           int.from_bytes(struct.pack(fmt, value).ljust(8, b"\0"), "little")))
+    for size in sizes[len(flat):]:  # Triton's scratch pointers, null without scratch
+        if size != 8:
+            raise _NotRecordable
+        params.append((P_CONST, 0, 8, 0))
+    return (kernel.function, (int(grid[0]), int(grid[1]) if len(grid) > 1 else 1,
+                              int(grid[2]) if len(grid) > 2 else 1),
+            32 * md.num_warps, md.shared, tuple(params))
+
+
+def record(ckey, launches, allocs, n_out, args_len, checks, device, tune, source):
+    """Store the C record of a CUDA call under ``ckey`` (the C replay's key) in the plan
+    dictionary, where it can be recorded: ``launches`` [(compiled kernel, grid, its
+    positional arguments)], ``allocs`` the tensors the call allocates (outputs first:
+    their shapes, strides and dtypes, and whether they start zeroed), ``checks`` per
+    argument None or a number's (lo, hi), ``source(path)`` a parameter's source
+    ((kind, index) or None for a constant; ``path``: (argument position,) or
+    (position, tuple index))."""
+    from rl_triton_core import _dispatch
+
+    if ckey is None or not enabled() or len(allocs) > 4:
+        return
+    try:
+        recs = tuple(_launch_of(k, g, full, source) for k, g, full in launches)
+    except (_NotRecordable, AttributeError, KeyError, TypeError, struct.error, OverflowError):
+        return
+    blob = _cpu_c._cscan.grecord(args_len, tuple(checks), recs)
+    if blob is None:
+        return
+    specs = tuple((tuple(t.shape), tuple(t.stride()), t.dtype, bool(zero)) for t, zero in allocs)
+    _dispatch._store(ckey, (blob, specs, tune, n_out, device))

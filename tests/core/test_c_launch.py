@@ -1,0 +1,272 @@
+"""The recorded CUDA launch repeated in C (``rl_triton_core._claunch``, ``_claunch.h``): on
+fresh data, with new coefficients, it gives the Python path's bits, for every estimator,
+both layouts, float32, float64 and bf16, a segmented plan; under CUDA graph capture; on
+a side stream; and it steps aside for a launch hook and where it is switched off. The
+record's parameter list is checked here on the CPU against a stand-in compiled kernel."""
+
+import inspect
+import struct
+
+import pytest
+import torch
+from core_testlib import full_path, spy_c_replay
+from test_paths import CASES, _inputs
+
+from rl_triton_core import _claunch, _cpu_c, _dispatch
+
+
+def _gpu_records():
+    return [v for v in _dispatch._PLANS.values()
+            if type(v) is tuple and len(v) == 5 and type(v[0]) is bytes and
+            type(v[4]) is torch.device]
+
+
+def _needs_c_launch():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if not _claunch.available():
+        pytest.skip("the C launch is not available here (extension, DLPack table or driver)")
+
+
+def _case(name, gen, shape, layout, dtype, gamma):
+    """The estimator, its arguments (fresh random data) and keywords."""
+    r, v, lr, nv, te, tr, b = _inputs(gen, shape, "cpu")
+    fn, _, args, kw = CASES[name](r, v, lr, nv, te, tr, b)
+
+    def conv(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.is_floating_point():
+            t = t.to(dtype)
+        if layout == "time" and t.dim() == 2:
+            t = t.t().contiguous()
+        return t.cuda()
+
+    args = tuple(conv(a) for a in args)
+    kw = {k: conv(w) for k, w in kw.items()}
+    if layout == "time":
+        kw["time_dim"] = 0
+    if "gamma" in inspect.signature(fn).parameters:
+        kw["gamma"] = gamma
+    return fn, args, kw
+
+
+def _poison_cache(nbytes):
+    """Leave NaN in the caching allocator's free blocks, where the next outputs land."""
+    torch.full((nbytes // 4 + 1024,), float("nan"), device="cuda")
+
+
+def _same(got, want):
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
+        assert not torch.isnan(w).all()
+        assert torch.equal(g.view(torch.uint8) if g.dtype != torch.bool else g,
+                           w.view(torch.uint8) if w.dtype != torch.bool else w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["batch", "time"])
+@pytest.mark.parametrize("shape", [(5, 77), (3, 70_000)])
+@pytest.mark.parametrize("name", list(CASES))
+def test_c_replay_gives_the_python_paths_bits(name, shape, layout, dtype, gen, monkeypatch):
+    _needs_c_launch()
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    _dispatch._PLANS.clear()
+    fn, args, kw = _case(name, gen, shape, layout, dtype, 0.97)
+    fn(*args, **kw)  # recorded
+    assert _gpu_records(), "the call was not recorded for the C replay"
+    fn, args, kw = _case(name, gen, shape, layout, dtype, 0.93)  # fresh data, new gamma
+    replayed = []
+    spy_c_replay(monkeypatch, replayed)
+    _poison_cache(4 * shape[0] * shape[1] * 8)
+    got = fn(*args, **kw)
+    assert replayed, "the repeated call did not take the C replay"
+    want = full_path(monkeypatch, lambda: fn(*args, **kw))
+    _same(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_cumsum"])
+def test_c_replay_under_graph_capture(name, gen, monkeypatch):
+    """A replayed call captured in a CUDA graph: its outputs come from the graph's pool
+    and its kernel runs at each replay of the graph, on the data copied in."""
+    _needs_c_launch()
+    _dispatch._PLANS.clear()
+    fn, args, kw = _case(name, gen, (64, 200), "batch", torch.float32, 0.95)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(*args, **kw)  # recorded
+        fn(*args, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    replayed = []
+    spy_c_replay(monkeypatch, replayed)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*args, **kw)
+    assert replayed, "the captured call did not take the C replay"
+    _, fresh, _ = _case(name, gen, (64, 200), "batch", torch.float32, 0.95)
+    for a, f in zip(args, fresh):
+        if isinstance(a, torch.Tensor):
+            a.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = full_path(monkeypatch, lambda: fn(*args, **kw))
+    _same(tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone(), want)
+
+
+@pytest.mark.gpu
+def test_c_replay_runs_on_the_current_stream(gen, monkeypatch):
+    """On a side stream, after a long kernel that precedes the write of the inputs on that
+    stream: a launch on any other stream would read the inputs before the write."""
+    _needs_c_launch()
+    _dispatch._PLANS.clear()
+    fn, args, kw = _case("gae", gen, (256, 512), "batch", torch.float32, 0.95)
+    fn(*args, **kw)  # recorded
+    _, fresh, _ = _case("gae", gen, (256, 512), "batch", torch.float32, 0.95)
+    want = full_path(monkeypatch, lambda: fn(*fresh, **kw))
+    replayed = []
+    spy_c_replay(monkeypatch, replayed)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        for a, f in zip(args, fresh):
+            if isinstance(a, torch.Tensor):
+                a.copy_(f)
+        got = fn(*args, **kw)
+    torch.cuda.synchronize()
+    assert replayed
+    _same(got, want)
+
+
+@pytest.mark.gpu
+def test_c_replay_steps_aside_for_a_launch_hook(gen, monkeypatch):
+    """Triton's launch hooks (a profiler's) are called by its launcher: with one set, a
+    repeated call takes the Python path, which calls it."""
+    _needs_c_launch()
+    from triton import knobs
+
+    _dispatch._PLANS.clear()
+    fn, args, kw = _case("gae", gen, (8, 64), "batch", torch.float32, 0.95)
+    fn(*args, **kw)
+    calls, replayed = [], []
+    spy_c_replay(monkeypatch, replayed)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: calls.append(1))
+    fn(*args, **kw)
+    assert calls and not replayed
+
+
+@pytest.mark.gpu
+def test_c_launch_switched_off(gen, monkeypatch):
+    """RL_TRITON_CORE_C_LAUNCH=0: nothing is recorded for the C replay, and the repeated
+    call takes Triton's launcher (the Python plan)."""
+    _needs_c_launch()
+    monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", "0")
+    _dispatch._PLANS.clear()
+    fn, args, kw = _case("gae", gen, (8, 64), "batch", torch.float32, 0.95)
+    want = fn(*args, **kw)
+    assert not _gpu_records() and _dispatch._PLANS
+    _same(fn(*args, **kw), want)
+
+
+# --------------------------------------------------------- the record, on the CPU
+
+
+class _Meta:
+    num_warps, shared, num_ctas = 4, 96, 1
+    global_scratch_size = profile_scratch_size = 0
+
+
+class _Kernel:
+    """A stand-in compiled kernel: a pointer, a scalar, a tuple of ints (one a
+    compile-time constant), a constexpr and a float pair."""
+
+    class src:
+        class fn:
+            arg_names = ["out", "x", "g", "st", "lo", "B"]
+
+        signature = {"out": "*fp32", "x": "*fp32", "g": "fp32", "st": ("i32", "constexpr", "i64"),
+                     "lo": ("fp32", "fp32"), "B": "constexpr"}
+
+    metadata = _Meta()
+    function = 0x1234
+
+
+def test_record_lists_tritons_parameters_in_order(monkeypatch):
+    class Fake:
+        @staticmethod
+        def param_sizes(fn):
+            assert fn == 0x1234
+            return [8, 8, 4, 4, 8, 4, 4, 8, 8]  # + the two scratch pointers
+
+    monkeypatch.setattr(_cpu_c, "_cscan", Fake)
+    out, x = object(), object()
+    full = (out, x, 0.5, (7, 1, 2**40), (0.25, -1.5), 64)
+    sources = {(0,): (_claunch.P_ALLOC, 0), (1,): (_claunch.P_ARG, 3), (2,): (_claunch.P_HI, 5),
+               (4, 0): (_claunch.P_LO, 5)}
+    fn, grid, threads, shared, params = _claunch._launch_of(_Kernel, (3, 2), full, sources.get)
+    assert (fn, grid, threads, shared) == (0x1234, (3, 2, 1), 128, 96)
+    bits = lambda fmt, v: int.from_bytes(struct.pack(fmt, v).ljust(8, b"\0"), "little")
+    assert params == (
+        (_claunch.P_ALLOC, 0, 8, 0), (_claunch.P_ARG, 3, 8, 0), (_claunch.P_HI, 5, 4, 0),
+        (_claunch.P_CONST, 0, 4, bits("<i", 7)), (_claunch.P_CONST, 0, 8, bits("<q", 2**40)),
+        (_claunch.P_LO, 5, 4, 0), (_claunch.P_CONST, 0, 4, bits("<f", -1.5)),
+        (_claunch.P_CONST, 0, 8, 0), (_claunch.P_CONST, 0, 8, 0))
+
+
+@pytest.mark.parametrize("sizes", [None, [8, 8, 4, 4, 8, 4], [8, 8, 4, 8, 8, 4, 4],
+                                   [8, 8, 4, 4, 8, 4, 4, 8, 8, 8]])
+def test_record_refuses_what_the_driver_does_not_confirm(sizes, monkeypatch):
+    """Too few or too many parameters, or a size that is not the signature's: no record
+    (the Python path keeps the call)."""
+    class Fake:
+        @staticmethod
+        def param_sizes(fn):
+            return sizes
+
+    monkeypatch.setattr(_cpu_c, "_cscan", Fake)
+    full = (object(), object(), 0.5, (7, 1, 2**40), (0.25, -1.5), 64)
+    src = {(0,): (_claunch.P_ALLOC, 0), (1,): (_claunch.P_ARG, 3)}.get
+    with pytest.raises(_claunch._NotRecordable):
+        _claunch._launch_of(_Kernel, (3, 2), full, src)
+
+
+def test_record_refuses_a_pointer_not_of_the_call(monkeypatch):
+    class Fake:
+        @staticmethod
+        def param_sizes(fn):
+            return [8, 8, 4, 4, 8, 4, 4]
+
+    monkeypatch.setattr(_cpu_c, "_cscan", Fake)
+    full = (object(), object(), 0.5, (7, 1, 2**40), (0.25, -1.5), 64)
+    with pytest.raises(_claunch._NotRecordable):  # x: a copy the call made
+        _claunch._launch_of(_Kernel, (3, 2), full, {(0,): (_claunch.P_ALLOC, 0)}.get)
+
+
+def test_grecord_checks_its_indices():
+    cs = _cpu_c._cscan
+    if cs is None:
+        pytest.skip("the C extension is not built")
+    launch = (0x1234, (1, 1, 1), 32, 0, ((_claunch.P_ARG, 2, 8, 0),))
+    assert isinstance(cs.grecord(3, (None, None, None), (launch,)), bytes)
+    with pytest.raises(ValueError):  # argument 3 of 3
+        cs.grecord(3, (None, None, None), ((0x1234, (1, 1, 1), 32, 0,
+                                            ((_claunch.P_ARG, 3, 8, 0),)),))
+    with pytest.raises(ValueError):  # a number parameter from an argument with no check
+        cs.grecord(3, (None, None, None), ((0x1234, (1, 1, 1), 32, 0,
+                                            ((_claunch.P_F32, 1, 4, 0),)),))
+    with pytest.raises(ValueError):  # a size the kernel cannot read
+        cs.grecord(3, (None, (0.0, 1.0), None), ((0x1234, (1, 1, 1), 32, 0,
+                                                  ((_claunch.P_F32, 1, 2, 0),)),))
+
+
+def test_no_c_launch_without_cuda():
+    """Where CUDA is not available nothing is bound: CPU calls keep their own replay."""
+    if torch.cuda.is_available():
+        pytest.skip("a CPU-only check")
+    assert not _claunch.available() and not _claunch.enabled()
