@@ -48,7 +48,7 @@ _SOURCES = {"rl_triton_core._cscan": "rl_triton_core/_cscan.c",
             "rl_triton_core._ctoken": "rl_triton_core/_ctoken.c"}
 ext_modules = [
     Extension(name, [src], extra_compile_args=_flags(), libraries=_libs(),
-              depends=["rl_triton_core/_cpool.h"])
+              depends=["rl_triton_core/_cpool.h", "rl_triton_core/_claunch.h"])
     for name, src in _SOURCES.items()
     if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), src))
 ]

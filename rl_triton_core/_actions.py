@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_triton_core import _config, _dispatch, _launch, _table
+from rl_triton_core import _config, _cpu_c, _dispatch, _launch, _table
 from rl_triton_core._kernel import _apply, _column, _combine
 from rl_triton_core._layout import Layout
 
@@ -507,3 +507,24 @@ def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
     p.kernels = [(kernel, grid, [consts[n] for n in names])]
     p.like, p.shape, p.device = like_ok, shape, raw[0].device
     _dispatch._store(key, p)
+    if args[0].device.type == "cuda":  # the same launch for the C replay, under its key
+        from rl_triton_core import _claunch
+
+        tensors = dict(p.tensor_pos)
+        numbers = {(pos,): (_claunch.P_F32, idx) for pos, idx, _ in _FUSED_NUMBERS}
+
+        def source(path):
+            if path == (0,):
+                return _claunch.P_ALLOC, 0
+            if len(path) == 1 and path[0] in tensors:
+                return _claunch.P_ARG, tensors[path[0]]
+            return numbers.get(path)
+
+        checks = [None] * len(RAW_FUSED)
+        for _, idx, hi in _FUSED_NUMBERS:
+            checks[idx] = (0.0, hi)
+        (_, _, time_dim), tune = key[0], key[1]
+        ckey = _cpu_c.key(_dispatch.c_prefix("retrace_from_actions"), raw[:len(RAW_FUSED)],
+                          time_dim, tune)
+        _claunch.record(ckey, [(kernel, grid, (*args, *p.kernels[0][2]))], [(args[0], False)],
+                        1, len(RAW_FUSED), checks, args[0].device, tune, source)

@@ -79,6 +79,7 @@ def _no_grad_out(spec, out, raw):
 _DATA_SLOTS = ("x", "v", "nv", "boot", "init")
 _replay = _cpu_c.replay
 _PREFIX = {name: _dispatch.c_prefix(name) for name in TABLE}
+_RFA_PREFIX = _dispatch.c_prefix("retrace_from_actions")
 _GAE, _TDL, _DISC = TABLE["gae"], TABLE["lambda_returns"], TABLE["discounted_returns"]
 _VTRACE, _RETRACE = TABLE["vtrace"], TABLE["retrace"]
 _TRACES, _CUMSUM, _LINREC = (TABLE["eligibility_traces"], TABLE["episodic_cumsum"],
@@ -329,6 +330,10 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
     raw = (q_values, target_probs, actions, behaviour_log_probs, next_q_values,
            next_target_probs, bootstrap_q_values, bootstrap_target_probs, rewards,
            terminated, truncated, gamma, lmbda, c_bar, out)
+    if out is None and _replay is not None:  # a recorded CUDA call (the fused pass) in C
+        res = _replay(_dispatch._PLANS, _RFA_PREFIX, raw[:14], time_dim, _config._current)
+        if res is not None:
+            return res
     key = None
     if _replayable(raw):
         key, hit = _dispatch.cached(("retrace_from_actions", type(time_dim), time_dim), raw)

@@ -270,3 +270,34 @@ def test_no_c_launch_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CPU-only check")
     assert not _claunch.available() and not _claunch.enabled()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(64, 32), (7, 300)])
+def test_c_replay_of_retrace_from_actions(shape, gen, monkeypatch):
+    """The fused pass over the actions, repeated in C: the Python path's bits on fresh
+    data and new coefficients."""
+    _needs_c_launch()
+    import rl_triton_core as rc
+
+    def case(gamma):
+        n, t = shape
+        q = torch.randn(n, t, 6, generator=gen).cuda()
+        p = torch.softmax(torch.randn(n, t, 6, generator=gen), -1).cuda()
+        a = torch.randint(0, 6, (n, t), generator=gen).cuda()
+        mu = (0.1 + torch.rand(n, t, generator=gen)).log().cuda()
+        r = torch.randn(n, t, generator=gen).cuda()
+        te = (torch.rand(n, t, generator=gen) < 0.05).cuda()
+        return (q, p, a, mu, r, te), dict(gamma=gamma, lmbda=0.9, c_bar=1.1, time_dim=-1)
+
+    _dispatch._PLANS.clear()
+    args, kw = case(0.97)
+    rc.retrace_from_actions(*args, **kw)
+    assert _gpu_records(), "the call was not recorded for the C replay"
+    args, kw = case(0.9)
+    replayed = []
+    spy_c_replay(monkeypatch, replayed)
+    _poison_cache(4 * shape[0] * shape[1] * 8)
+    got = rc.retrace_from_actions(*args, **kw)
+    assert replayed, "the repeated call did not take the C replay"
+    _same(got, full_path(monkeypatch, lambda: rc.retrace_from_actions(*args, **kw)))
