@@ -527,4 +527,5 @@ def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
         ckey = _cpu_c.key(_dispatch.c_prefix("retrace_from_actions"), raw[:len(RAW_FUSED)],
                           time_dim, tune)
         _claunch.record(ckey, [(kernel, grid, (*args, *p.kernels[0][2]))], [(args[0], False)],
-                        1, len(RAW_FUSED), checks, args[0].device, tune, source)
+                        [(_claunch.P_ALLOC, 0)], checks, [0] * len(RAW_FUSED), args[0].device,
+                        tune, source)

@@ -44,9 +44,12 @@ typedef struct {
 } glaunch_t;
 
 typedef struct {
-    int32_t nargs, nlaunch;
+    int32_t nargs, nlaunch, nret;
     int8_t num[KEY_ARGS]; /* 1: the argument is a number, checked against [lo, hi] */
     double lo[KEY_ARGS], hi[KEY_ARGS];
+    int64_t extent[KEY_ARGS]; /* an out= call: each tensor's bytes from its address */
+    int8_t ret_kind[GL_ALLOCS], ret_idx[GL_ALLOCS]; /* the results: allocations or
+                                                         the caller's out= tensors */
     glaunch_t l[GL_LAUNCHES];
 } grecord_t;
 
@@ -130,13 +133,18 @@ static PyObject *param_sizes(PyObject *self, PyObject *arg) {
     return res;
 }
 
-/* grecord(nargs, checks, launches): a grecord_t as bytes. checks: per argument of the
- * call, None or (lo, hi) for a number; launches: per kernel (function, (gx, gy, gz),
- * threads, shared bytes, params), params a tuple of (kind, index, size, bits). None
- * where it does not fit. */
+/* grecord(nargs, checks, launches, returns, extents): a grecord_t as bytes. checks: per
+ * argument of the call, None or (lo, hi) for a number; launches: per kernel (function,
+ * (gx, gy, gz), threads, shared bytes, params), params a tuple of (kind, index, size,
+ * bits); returns: the results, each (P_ALLOC, allocation) or (P_ARG, argument: an out=
+ * tensor); extents: per argument its bytes from its address (0: not a tensor, or
+ * empty), which an out= tensor must not share with another. None where it does not
+ * fit. */
 static PyObject *grecord(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "_cscan.grecord(nargs, checks, launches)");
+    if (nargs != 5 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
+        !PyTuple_Check(args[3]) || !PyTuple_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_cscan.grecord(nargs, checks, launches, returns, extents)");
         return NULL;
     }
     grecord_t r;
@@ -144,10 +152,28 @@ static PyObject *grecord(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     const long n = PyLong_AsLong(args[0]);
     if (n == -1 && PyErr_Occurred()) return NULL;
     const Py_ssize_t nl = PyTuple_GET_SIZE(args[2]);
-    if (n < 0 || n > KEY_ARGS || PyTuple_GET_SIZE(args[1]) != n || nl < 1 || nl > GL_LAUNCHES)
+    const Py_ssize_t nr = PyTuple_GET_SIZE(args[3]);
+    if (n < 0 || n > KEY_ARGS || PyTuple_GET_SIZE(args[1]) != n || nl < 1 ||
+        nl > GL_LAUNCHES || nr < 1 || nr > GL_ALLOCS || PyTuple_GET_SIZE(args[4]) != n)
         Py_RETURN_NONE;
     r.nargs = (int32_t)n;
     r.nlaunch = (int32_t)nl;
+    r.nret = (int32_t)nr;
+    for (Py_ssize_t i = 0; i < nr; i++) {
+        int kind, idx;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(args[3], i), "ii", &kind, &idx)) return NULL;
+        if (!((kind == P_ALLOC && idx >= 0 && idx < GL_ALLOCS) ||
+              (kind == P_ARG && idx >= 0 && idx < n))) {
+            PyErr_SetString(PyExc_ValueError, "_cscan.grecord: a result out of range");
+            return NULL;
+        }
+        r.ret_kind[i] = (int8_t)kind;
+        r.ret_idx[i] = (int8_t)idx;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        r.extent[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[4], i));
+        if (r.extent[i] == -1 && PyErr_Occurred()) return NULL;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *c = PyTuple_GET_ITEM(args[1], i);
         if (c == Py_None) continue;
@@ -203,23 +229,26 @@ static void split_f32(double x, float *hi, float *lo) {
     *lo = (float)(x - (double)*hi);
 }
 
-/* The replay of a GPU recording rec = (grecord bytes, allocations, tuning, n_out, device)
+/* The replay of a GPU recording rec = (grecord bytes, allocations, tuning, results, device)
  * for the user's arguments call_args (whose views are in dl); None (the Python path) where
  * a check fails. allocations: per tensor (size, stride, dtype, zeroed). */
 static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_t *dl) {
 #if GPU_REPLAY
     if (!cu_launch || !triton_runtime) Py_RETURN_NONE;
     PyObject *blob = PyTuple_GET_ITEM(rec, 0), *allocs = PyTuple_GET_ITEM(rec, 1);
-    const long n_out = PyLong_AsLong(PyTuple_GET_ITEM(rec, 3));
     PyObject *device = PyTuple_GET_ITEM(rec, 4);
     if (!PyBytes_Check(blob) || PyBytes_GET_SIZE(blob) != (Py_ssize_t)sizeof(grecord_t) ||
-        !PyTuple_Check(allocs) || PyTuple_GET_SIZE(allocs) > GL_ALLOCS || n_out < 1 ||
-        n_out > PyTuple_GET_SIZE(allocs)) {
-        PyErr_Clear();
+        !PyTuple_Check(allocs) || PyTuple_GET_SIZE(allocs) > GL_ALLOCS)
         Py_RETURN_NONE;
-    }
     const grecord_t *r = (const grecord_t *)PyBytes_AS_STRING(blob);
     if (PyTuple_GET_SIZE(call_args) != r->nargs) Py_RETURN_NONE;
+    for (int k = 0; k < r->nret; k++) /* a result the record does not allocate */
+        if (r->ret_kind[k] == P_ALLOC && r->ret_idx[k] >= PyTuple_GET_SIZE(allocs))
+            Py_RETURN_NONE;
+    for (int j = 0; j < r->nlaunch; j++)
+        for (int i = 0; i < r->l[j].nparams; i++)
+            if (r->l[j].kind[i] == P_ALLOC && r->l[j].idx[i] >= PyTuple_GET_SIZE(allocs))
+                Py_RETURN_NONE;
     /* a launch hook (a profiler) is called by Triton's launcher: the Python path */
     for (int h = 0; h < 2; h++) {
         PyObject *hook = PyObject_GetAttr(triton_runtime, h ? s_exit_hook : s_enter_hook);
@@ -247,6 +276,20 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
             if (x == -1.0 && PyErr_Occurred()) return NULL;
             if (!(r->lo[i] <= x && x <= r->hi[i])) Py_RETURN_NONE; /* NaN too: the error */
             nums[i] = x;
+        }
+    }
+    /* out= tensors: none may share memory with another tensor of the call (the Python
+     * path raises the error), from the addresses and the extents the key fixes */
+    for (int k = 0; k < r->nret; k++) {
+        if (r->ret_kind[k] != P_ARG) continue;
+        const int o = r->ret_idx[k];
+        if (!Py_IS_TYPE(PyTuple_GET_ITEM(call_args, o), tensor_type) || !r->extent[o]) continue;
+        const uintptr_t lo = (uintptr_t)dl[o].data, hi = lo + (uintptr_t)r->extent[o];
+        for (int i = 0; i < r->nargs; i++) {
+            if (i == o || !r->extent[i] || !Py_IS_TYPE(PyTuple_GET_ITEM(call_args, i), tensor_type))
+                continue;
+            const uintptr_t p = (uintptr_t)dl[i].data, q = p + (uintptr_t)r->extent[i];
+            if (p < hi && lo < q) Py_RETURN_NONE;
         }
     }
     /* Triton launches on the current device: another one takes the Python path, which
@@ -308,16 +351,20 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
             goto done;
         }
     }
-    if (n_out == 1) {
-        res = out[0];
-        Py_INCREF(res);
-    } else {
-        res = PyTuple_New(n_out);
-        if (res)
-            for (long j = 0; j < n_out; j++) {
-                Py_INCREF(out[j]);
-                PyTuple_SET_ITEM(res, j, out[j]);
+    {
+        PyObject *got[GL_ALLOCS];
+        for (int k = 0; k < r->nret; k++)
+            got[k] = r->ret_kind[k] == P_ALLOC ? out[r->ret_idx[k]]
+                                                : PyTuple_GET_ITEM(call_args, r->ret_idx[k]);
+        if (r->nret == 1) {
+            res = got[0];
+            Py_XINCREF(res);
+        } else if ((res = PyTuple_New(r->nret))) {
+            for (int k = 0; k < r->nret; k++) {
+                Py_XINCREF(got[k]);
+                PyTuple_SET_ITEM(res, k, got[k]);
             }
+        }
     }
 done:
     for (Py_ssize_t j = 0; j < GL_ALLOCS; j++) Py_XDECREF(out[j]);

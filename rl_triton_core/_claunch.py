@@ -110,14 +110,16 @@ def _launch_of(kernel, grid, full, source):
             32 * md.num_warps, md.shared, tuple(params))
 
 
-def record(ckey, launches, allocs, n_out, args_len, checks, device, tune, source):
+def record(ckey, launches, allocs, returns, checks, extents, device, tune, source):
     """Store the C record of a CUDA call under ``ckey`` (the C replay's key) in the plan
     dictionary, where it can be recorded: ``launches`` [(compiled kernel, grid, its
-    positional arguments)], ``allocs`` the tensors the call allocates (outputs first:
-    their shapes, strides and dtypes, and whether they start zeroed), ``checks`` per
-    argument None or a number's (lo, hi), ``source(path)`` a parameter's source
-    ((kind, index) or None for a constant; ``path``: (argument position,) or
-    (position, tuple index))."""
+    positional arguments)], ``allocs`` [(tensor, zeroed)] the tensors the call allocates
+    (their shapes, strides and dtypes; zeroed: torch.zeros), ``returns`` the results
+    ((P_ALLOC, allocation) or (P_ARG, argument) for an out= tensor), per argument of the
+    call ``checks`` (None or a number's (lo, hi)) and ``extents`` (bytes from a tensor's
+    address, which an out= tensor must not share; 0 for none), ``source(path)`` a
+    parameter's source ((kind, index) or None for a constant; ``path``: (argument
+    position,) or (position, tuple index))."""
     from rl_triton_core import _dispatch
 
     if ckey is None or not enabled() or len(allocs) > 4:
@@ -126,8 +128,9 @@ def record(ckey, launches, allocs, n_out, args_len, checks, device, tune, source
         recs = tuple(_launch_of(k, g, full, source) for k, g, full in launches)
     except (_NotRecordable, AttributeError, KeyError, TypeError, struct.error, OverflowError):
         return
-    blob = _cpu_c._cscan.grecord(args_len, tuple(checks), recs)
+    blob = _cpu_c._cscan.grecord(len(checks), tuple(checks), recs, tuple(returns),
+                                 tuple(extents))
     if blob is None:
         return
     specs = tuple((tuple(t.shape), tuple(t.stride()), t.dtype, bool(zero)) for t, zero in allocs)
-    _dispatch._store(ckey, (blob, specs, tune, n_out, device))
+    _dispatch._store(ckey, (blob, specs, tune, len(returns), device))

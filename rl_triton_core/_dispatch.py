@@ -186,11 +186,13 @@ def _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx, o
         plan = _launch.record(raw, index, call, out0, out1, like, out_dtype, layout.shape,
                               user_out, len(raw) - 2)
         _store(key, plan)
-        if plan is not None and not user_out and out0.device.type == "cuda":
-            # the same launch for the C replay, under its key (no Python on a repeat)
+        if plan is not None and out0.device.type == "cuda":
+            # the same launch for the C replay, under its key (no Python on a repeat):
+            # the user's arguments, with the out= slots where there are out= tensors
             (name, _, time_dim), tune = key[0], key[1]
-            _launch.record_c(_cpu_c.key(c_prefix(name), raw[:-2], time_dim, tune), plan,
-                             call, out0, out1, len(raw) - 2, tune)
+            cargs = raw if user_out else raw[:-2]
+            _launch.record_c(_cpu_c.key(c_prefix(name), cargs, time_dim, tune), plan, call,
+                             len(cargs), tune)
 
 
 _F64 = np.zeros(1)

@@ -461,20 +461,29 @@ def record(raw, index, launched_call, out0, out1, like_idx, dtype, shape, user_o
     return p
 
 
-def record_c(ckey, plan, launched_call, out0, out1, nargs, tune):
-    """Record ``plan`` (just recorded from ``launched_call``, fresh outputs) for the C
-    replay (:mod:`rl_triton_core._claunch`) under ``ckey``, where it can be."""
+def record_c(ckey, plan, launched_call, nargs, tune):
+    """Record ``plan`` (just recorded from ``launched_call``) for the C replay
+    (:mod:`rl_triton_core._claunch`) under ``ckey`` (the key of the user's arguments,
+    out= slots included where the plan writes into the caller's tensors), where it can
+    be."""
     from rl_triton_core import _claunch as c
 
     args, _, ws_spec, _ = launched_call
-    allocs = [(out0, False)]
-    where = {0: 0}
-    if out1 is not None:
-        where[1] = len(allocs)
-        allocs.append((out1, False))
+    allocs, where, returns, extents = [], {}, [], [0] * nargs
+    for pos in (0, 1):
+        if args[pos] is None:
+            continue
+        if plan.user_out:
+            where[pos] = (c.P_ARG, plan.out_idx + pos)
+        else:
+            where[pos] = (c.P_ALLOC, len(allocs))
+            allocs.append((args[pos], False))
+        returns.append(where[pos])
     if args[WS_POS] is not None:
-        where[WS_POS] = len(allocs)
+        where[WS_POS] = (c.P_ALLOC, len(allocs))
         allocs.append((args[WS_POS], ws_spec[2]))
+    for idx, ext in plan.in_extents + plan.out_extents:
+        extents[idx] = ext
     tensors = dict(plan.tensor_pos)
     numbers = {}
     for pos, idx, lo_idx in plan.number_pos:
@@ -484,7 +493,7 @@ def record_c(ckey, plan, launched_call, out0, out1, nargs, tune):
 
     def source(path):
         if len(path) == 1 and path[0] in where:
-            return c.P_ALLOC, where[path[0]]
+            return where[path[0]]
         if len(path) == 1 and path[0] in tensors:
             return c.P_ARG, tensors[path[0]]
         return numbers.get(path)
@@ -493,5 +502,4 @@ def record_c(ckey, plan, launched_call, out0, out1, nargs, tune):
     for idx, lo, hi in plan.checks:
         checks[idx] = (float(lo), float(hi))
     launches = [(k, grid, (*args, *consts)) for k, grid, consts in plan.kernels]
-    c.record(ckey, launches, allocs, 2 if out1 is not None else 1, nargs, checks,
-             out0.device, tune, source)
+    c.record(ckey, launches, allocs, returns, checks, extents, plan.device, tune, source)

@@ -47,8 +47,10 @@ def _front(spec, args: tuple, time_dim, out):
     the checked full path."""
     if torch.compiler.is_compiling():  # one custom op per estimator in the traced graph
         return _ops.call(spec, args + _call.out_slots(out, spec.n_out), time_dim, out)
-    if out is None and _replay is not None:  # a recorded CPU call, repeated in C
-        res = _replay(_dispatch._PLANS, _PREFIX[spec.name], args, time_dim, _config._current)
+    if _replay is not None:  # a recorded call repeated in C (CPU; CUDA also with out=)
+        res = _replay(_dispatch._PLANS, _PREFIX[spec.name],
+                      args if out is None else args + _call.out_slots(out, spec.n_out),
+                      time_dim, _config._current)
         if res is not None:
             return res
     raw = args + _call.out_slots(out, spec.n_out)

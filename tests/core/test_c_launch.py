@@ -252,17 +252,22 @@ def test_grecord_checks_its_indices():
     cs = _cpu_c._cscan
     if cs is None:
         pytest.skip("the C extension is not built")
-    launch = (0x1234, (1, 1, 1), 32, 0, ((_claunch.P_ARG, 2, 8, 0),))
-    assert isinstance(cs.grecord(3, (None, None, None), (launch,)), bytes)
+    ok = ((_claunch.P_ALLOC, 0),)
+    none3 = (None, None, None)
+
+    def rec(params, checks=none3, returns=ok):
+        return cs.grecord(3, checks, ((0x1234, (1, 1, 1), 32, 0, params),), returns, (0, 0, 0))
+
+    assert isinstance(rec(((_claunch.P_ARG, 2, 8, 0),)), bytes)
     with pytest.raises(ValueError):  # argument 3 of 3
-        cs.grecord(3, (None, None, None), ((0x1234, (1, 1, 1), 32, 0,
-                                            ((_claunch.P_ARG, 3, 8, 0),)),))
+        rec(((_claunch.P_ARG, 3, 8, 0),))
     with pytest.raises(ValueError):  # a number parameter from an argument with no check
-        cs.grecord(3, (None, None, None), ((0x1234, (1, 1, 1), 32, 0,
-                                            ((_claunch.P_F32, 1, 4, 0),)),))
+        rec(((_claunch.P_F32, 1, 4, 0),))
     with pytest.raises(ValueError):  # a size the kernel cannot read
-        cs.grecord(3, (None, (0.0, 1.0), None), ((0x1234, (1, 1, 1), 32, 0,
-                                                  ((_claunch.P_F32, 1, 2, 0),)),))
+        rec(((_claunch.P_F32, 1, 2, 0),), checks=(None, (0.0, 1.0), None))
+    with pytest.raises(ValueError):  # a result that is neither an allocation nor an argument
+        rec(((_claunch.P_ARG, 2, 8, 0),), returns=((_claunch.P_F32, 0),))
+    assert rec(((_claunch.P_ARG, 2, 8, 0),), returns=()) is None  # no result: no record
 
 
 def test_no_c_launch_without_cuda():
@@ -301,3 +306,35 @@ def test_c_replay_of_retrace_from_actions(shape, gen, monkeypatch):
     got = rc.retrace_from_actions(*args, **kw)
     assert replayed, "the repeated call did not take the C replay"
     _same(got, full_path(monkeypatch, lambda: rc.retrace_from_actions(*args, **kw)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gae", "vtrace", "discounted_returns"])
+def test_c_replay_with_out(name, gen, monkeypatch):
+    """out= calls repeated in C write into the caller's tensors (the same objects come
+    back) with the Python path's bits; an out= tensor that overlaps an input still
+    raises the Python path's ValueError."""
+    _needs_c_launch()
+    _dispatch._PLANS.clear()
+    fn, args, kw = _case(name, gen, (16, 96), "batch", torch.float32, 0.97)
+    two = name in ("gae", "vtrace")
+
+    def outs():
+        o = tuple(torch.full_like(args[0], float("nan")) for _ in range(2 if two else 1))
+        return o if two else o[0]
+
+    fn(*args, **kw, out=outs())  # recorded
+    fn, args, kw = _case(name, gen, (16, 96), "batch", torch.float32, 0.9)
+    replayed = []
+    spy_c_replay(monkeypatch, replayed)
+    out = outs()
+    got = fn(*args, **kw, out=out)
+    assert replayed, "the repeated out= call did not take the C replay"
+    if two:
+        assert type(got) is tuple and got[0] is out[0] and got[1] is out[1]
+    else:
+        assert got is out
+    _same(got, full_path(monkeypatch, lambda: fn(*args, **kw)))
+    bad = (args[0], out[1]) if two else args[0]  # the first input as an output
+    with pytest.raises(ValueError):
+        fn(*args, **kw, out=bad)
