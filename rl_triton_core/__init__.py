@@ -29,6 +29,7 @@ from rl_triton_core.estimators import (
     eligibility_traces,
     episodic_cumsum,
     gae,
+    gae_advantages,
     lambda_returns,
     linear_recurrence,
     retrace,
@@ -40,6 +41,7 @@ from rl_triton_core.tokens import masked_gae, masked_returns, masked_whiten
 
 __all__ = [
     "gae",
+    "gae_advantages",
     "lambda_returns",
     "discounted_returns",
     "eligibility_traces",

@@ -565,6 +565,8 @@ def _flag_tensors(spec, args, out):
 
 def _returns_run(gae):
     def run(spec, s, tensors, grads, needs, reverse):
+        if gae and len(grads) == 1:  # gae_advantages: no value targets, no gradient of them
+            grads = (grads[0], None)
         res = returns_backward(gae, s, tensors[0], tensors[1], grads)
         return res if "values" in spec.grads else (res[0],) + res[2:]
     return run

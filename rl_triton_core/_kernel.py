@@ -667,7 +667,8 @@ def scan_kernel(
                         tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
                 elif MODE == GAE:
                     tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
-                    tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
+                    if OUT1 is not None:  # (gae_advantages: the advantages only)
+                        tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
                 else:
                     tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
                 if not ONE:

@@ -30,6 +30,7 @@ from rl_triton_core._table import TABLE
 
 __all__ = [
     "gae",
+    "gae_advantages",
     "lambda_returns",
     "discounted_returns",
     "eligibility_traces",
@@ -83,6 +84,7 @@ _replay = _cpu_c.replay
 _PREFIX = {name: _dispatch.c_prefix(name) for name in TABLE}
 _RFA_PREFIX = _dispatch.c_prefix("retrace_from_actions")
 _GAE, _TDL, _DISC = TABLE["gae"], TABLE["lambda_returns"], TABLE["discounted_returns"]
+_GAE_ADV = TABLE["gae_advantages"]
 _VTRACE, _RETRACE = TABLE["vtrace"], TABLE["retrace"]
 _TRACES, _CUMSUM, _LINREC = (TABLE["eligibility_traces"], TABLE["episodic_cumsum"],
                              TABLE["linear_recurrence"])
@@ -135,6 +137,41 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
     """
     return _front(_GAE, (rewards, values, terminated, truncated, next_values, bootstrap_value,
                          gamma, lmbda), time_dim, out)
+
+
+def gae_advantages(rewards, values, terminated, truncated=None, *, next_values=None,
+                   bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim, out=None):
+    r"""GAE's advantages only: [`gae`][]'s first output, without the value targets.
+
+    $$
+        A_t = \delta_t + \gamma \lambda (1 - \mathrm{done}_t) A_{t+1}, \quad
+        \delta_t = r_t + \gamma (1 - \mathrm{terminated}_t) V'_t - V_t
+    $$
+
+    The same scan as [`gae`][], bit for bit its advantages, but the kernel writes one
+    output instead of two: where the targets are not needed (or are formed later as
+    ``advantages + values``), the call moves one array less. It is the form of
+    ``compute_gae`` in other libraries, which return the advantages alone.
+
+    Args:
+        rewards, values, terminated, truncated: as [`gae`][].
+        next_values, bootstrap_value, gamma, lmbda, time_dim: as [`gae`][].
+        out: optional tensor to write the advantages into (returned as is): as
+            [`gae`][]'s ``out``, one tensor.
+
+    Returns:
+        Tensor: the advantages, with rewards' shape, in the data's dtype.
+
+    Examples:
+        >>> import torch
+        >>> from rl_triton_core import gae_advantages
+        >>> r = torch.tensor([1.0, 1.0, 1.0]); v = torch.tensor([0.5, 0.5, 0.5])
+        >>> term = torch.tensor([False, False, True])
+        >>> gae_advantages(r, v, term, gamma=0.5, lmbda=1.0, time_dim=-1)
+        tensor([1.2500, 1.0000, 0.5000])
+    """
+    return _front(_GAE_ADV, (rewards, values, terminated, truncated, next_values,
+                             bootstrap_value, gamma, lmbda), time_dim, out)
 
 
 def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=None,

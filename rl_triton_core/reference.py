@@ -31,6 +31,7 @@ __all__ = [
     "masked_returns",
     "masked_whiten",
     "gae",
+    "gae_advantages",
     "lambda_returns",
     "discounted_returns",
     "vtrace",
@@ -173,6 +174,13 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None,
         a_next = _carry(delta, _cut(not_done[t], g[t] * lam[t]), a_next)
         adv[t] = a_next
     return _out(adv, pos), _out(adv + v, pos)
+
+
+def gae_advantages(rewards, values, terminated, truncated=None, *, next_values=None,
+                   bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim):
+    """GAE's advantages alone (:func:`gae`'s first output)."""
+    return gae(rewards, values, terminated, truncated, next_values=next_values,
+               bootstrap_value=bootstrap_value, gamma=gamma, lmbda=lmbda, time_dim=time_dim)[0]
 
 
 def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=None,

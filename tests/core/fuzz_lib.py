@@ -108,7 +108,7 @@ def draw_profile(name: str, rng: random.Random, device: str = "cpu", tiny: bool 
         p["beta"] = _pick(rng, {"full": 3, "bcast": 1})
         p["beta_bcast"] = _bcast_pattern(rng, ndim, n_lead, 0.3)
     p["coefs"] = {c: _draw_coef(rng, p, c) for c in _coef_names(name)}
-    two = name in ("gae", "vtrace")
+    two = _n_out(name) == 2
     p["out"] = None
     if rng.random() < 0.25:
         p["out"] = dict(dtype=_pick(rng, {"same": 3, torch.float32: 1, torch.float64: 1}),
@@ -127,12 +127,11 @@ def _roles(name):
 
 
 def _coef_names(name):
-    return {"gae": ("gamma", "lmbda"), "lambda_returns": ("gamma", "lmbda"),
-            "discounted_returns": ("gamma",),
-            "vtrace": ("gamma", "lmbda", "rho_bar", "c_bar", "pg_rho_bar"),
-            "retrace": ("gamma", "lmbda", "c_bar"),
-            "retrace_from_actions": ("gamma", "lmbda", "c_bar"),
-            "eligibility_traces": ("gamma", "lmbda")}.get(name, ())
+    return TABLE.get(name, TABLE["retrace"]).coefs  # retrace_from_actions: retrace's
+
+
+def _n_out(name):
+    return TABLE.get(name, TABLE["retrace"]).n_out
 
 
 def _draw_view(rng, ndim, allow_expand=True):
@@ -438,7 +437,7 @@ def _returns(p, d, shape, step_shape, pos, td, T, desc):
         kw["bootstrap_value"], rk["bootstrap_value"] = t, v.expand(nshape)
     for c in p["coefs"]:
         kw[c], rk[c] = d.coef(c, shape, pos)
-    n_out = 2 if name in ("gae", "vtrace") else 1
+    n_out = _n_out(name)
     out, out_dtypes = _out_tensors(p, d, shape, n_out)
     if out is not None:
         kw["out"] = out
@@ -668,10 +667,12 @@ def fast_reference(name, args, kw, time_dim):
     zero = np.zeros(r.shape[1])
     if T == 0:
         empty = _back(r, shape, pos)
-        return (empty, empty.clone()) if name in ("gae", "vtrace") else empty
-    if name == "gae":
+        return (empty, empty.clone()) if _n_out(name) == 2 else empty
+    if name in ("gae", "gae_advantages"):
         lam = _tf(kw.get("lmbda", 0.95), shape, pos)
         adv = _scan(r + g * nterm * nv - v, g * lam * ndone, True, zero)
+        if name == "gae_advantages":
+            return _back(adv, shape, pos)
         return _back(adv, shape, pos), _back(adv + v, shape, pos)
     if name in ("lambda_returns", "discounted_returns"):
         lam = _tf(kw.get("lmbda", 0.95) if name == "lambda_returns" else 1.0, shape, pos)

@@ -40,6 +40,7 @@ FORWARD = tuple(n for n, e in TABLE.items() if e.checks == "forward")
 LINREC = ("linear_recurrence", "linear_recurrence_forward")
 # the inputs each case differentiates (next_values / bootstrap_value where given)
 GRADS = {"gae": ("rewards", "values", "next_values", "bootstrap_value"),
+         "gae_advantages": ("rewards", "values", "next_values", "bootstrap_value"),
          "lambda_returns": ("rewards", "values", "next_values", "bootstrap_value"),
          "discounted_returns": ("rewards", "next_values", "bootstrap_value"),
          "vtrace": ("rewards", "values", "next_values", "bootstrap_value"),
@@ -197,7 +198,7 @@ def call(mod, P, lo, hi, *, tm, device, dtype, grad):
             leaves[name] = x
         return x
 
-    if case in ("gae", "lambda_returns", "vtrace"):
+    if case in ("gae", "gae_advantages", "lambda_returns", "vtrace"):
         args = [data("rewards"), data("values"), data("terminated"), data("truncated")]
         if case == "vtrace":
             args = [data("log_rhos")] + args

@@ -55,7 +55,7 @@ def _case(name, gen, td, dtype, dev):
         kw["gamma"] = rng.uniform(0.8, 1.0)
         if name != "discounted_returns":
             kw["lmbda"] = rng.uniform(0.5, 1.0)
-    if name in ("gae", "lambda_returns"):
+    if name in ("gae", "gae_advantages", "lambda_returns"):
         return (data(), data(), term, trunc), kw, shape
     if name == "discounted_returns":
         return (data(), term, trunc), kw, shape

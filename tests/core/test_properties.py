@@ -12,7 +12,8 @@ vacuously (e.g. two outputs that are both zero, or both wrong the same way).
 (c) discounted_returns == lambda_returns(lmbda=1), any values;
 (d) eligibility_traces(gamma = lmbda = 1) == episodic_cumsum;
 (e) linear_recurrence(GAE's alpha, beta) == gae;
-(f) on-policy vtrace / retrace == gae value targets.
+(f) on-policy vtrace / retrace == gae value targets;
+(g) gae_advantages == gae's advantages, bit for bit, and so are their gradients.
 """
 
 import pytest
@@ -315,5 +316,36 @@ def test_on_policy_vtrace_and_retrace_are_gae(impl, segments, part):
                                c_bar=clip, time_dim=td)
         _, target_lm = lib("gae")(rewards, values, *flags, **dict(kw, lmbda=lm))
         _close(q_ret, target_lm, p["dtype"], ctx)
+
+    check()
+
+
+def test_gae_advantages_is_gaes_first_output(impl, segments, part):
+    """(g) The advantages-only form writes one output: the same bits as gae's first, and
+    the gradients of gae's with no gradient through the value targets."""
+
+    @examples(impl.name, part)
+    @given(problems(MAX_T[impl.name]))
+    def check(p):
+        segments(p["seg"])
+        inp = Inputs(p, impl.device)
+        term, trunc = inp.flags()
+        leaves = [inp.randn().requires_grad_(True) for _ in range(2)]
+        boot = inp.randn(drop_axis(inp.shape, inp.pos)).to(impl.device)
+        kw = dict(bootstrap_value=boot, gamma=inp.gamma(),
+                  lmbda=inp.lmbda(), time_dim=p["time_dim"])
+        args = [inp.place(leaves[0]), inp.place(leaves[1]), inp.place(term),
+                None if trunc is None else inp.place(trunc)]
+        ctx = f"[{impl.name}] {p}"
+        adv = lib("gae_advantages")(*args, **kw)
+        want = lib("gae")(*args, **kw)[0]
+        plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+        _check_ref("gae", adv.detach(), plain, kw, p["dtype"], ctx)
+        assert torch.equal(adv.detach(), want.detach()), ctx
+        w = inp.randn().to(impl.device)
+        got = torch.autograd.grad((adv * w).sum(), leaves, retain_graph=True)
+        exp = torch.autograd.grad((want * w).sum(), leaves)
+        for g, e in zip(got, exp):
+            assert torch.equal(g, e), ctx
 
     check()
