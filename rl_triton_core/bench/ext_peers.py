@@ -69,9 +69,10 @@ class Skip(Exception):
 
 
 ENV = "RL_TRITON_SRC"
-RL_TRITON_ESTIMATORS = ("gae", "lambda_returns", "discounted_returns", "vtrace", "retrace",
-                        "retrace_from_actions", "eligibility_traces", "episodic_cumsum")
-APPLIES = {"rl_triton": RL_TRITON_ESTIMATORS, "pufferlib": ("gae",)}
+RL_TRITON_ESTIMATORS = ("gae", "gae_advantages", "lambda_returns", "discounted_returns",
+                        "vtrace", "retrace", "retrace_from_actions", "eligibility_traces",
+                        "episodic_cumsum")
+APPLIES = {"rl_triton": RL_TRITON_ESTIMATORS, "pufferlib": ("gae", "gae_advantages")}
 FLAT_MAX_T = 131072  # rl-triton's forward scans have no chunked path beyond this
 
 
@@ -203,28 +204,30 @@ def _make_rl_triton(estimator, d, opts):
     if td == 0:
         prep.append("time-major inputs as [N, T] copies (outside the call)")
 
-    if estimator in ("gae", "vtrace") and explicit:
+    if estimator in ("gae", "gae_advantages", "vtrace") and explicit:
         raise Skip(f"rl-triton's {estimator} reads V(s_{{t+1}}) from values[t+1] except at "
                    "truncated steps: an arbitrary next_values is not expressible")
     if estimator in ("eligibility_traces", "episodic_cumsum") and T > FLAT_MAX_T:
         raise Skip(f"T={T} > {FLAT_MAX_T}: rl-triton's forward scans have no chunked path")
 
-    if estimator == "gae":
+    if estimator in ("gae", "gae_advantages"):
         r, v = _bm(d.rewards, td), _bm(d.values, td)
+        targets = estimator == "gae"  # gae_advantages: its advantages alone
         if trunc is None:
             boot = d.bootstrap.contiguous()
 
             def call():
                 adv = R.compute_gae(r, v, term_f, None, gamma, lmbda, last_value=boot)
-                return _back(adv, td), _back(adv + v, td)
+                return (_back(adv, td), _back(adv + v, td)) if targets else _back(adv, td)
         else:
             bv = _boot_values(_bm(_explicit_next_values(d), td), trunc, last)
             prep.append("bootstrap_values [N, T] = V' at truncated and last steps")
 
             def call():
                 adv = R.compute_gae(r, v, term_f, trunc_f, gamma, lmbda, bootstrap_values=bv)
-                return _back(adv, td), _back(adv + v, td)
-        prep.append("value targets = advantages + values (a torch add in the call)")
+                return (_back(adv, td), _back(adv + v, td)) if targets else _back(adv, td)
+        if targets:
+            prep.append("value targets = advantages + values (a torch add in the call)")
 
     elif estimator == "lambda_returns":
         r = _bm(d.rewards, td)
@@ -372,8 +375,9 @@ def _load_pufferlib(opts, device):
 
 
 def _make_pufferlib(estimator, d, opts):
-    if estimator != "gae":
+    if estimator not in ("gae", "gae_advantages"):
         raise Skip("PufferLib's advantage kernel is GAE only")
+    targets = estimator == "gae"  # gae_advantages: its advantages alone
     if d.next_values is not None:
         raise Skip("PufferLib reads V(s_{t+1}) from values[t+1]: an arbitrary next_values "
                    "is not expressible")
@@ -401,7 +405,7 @@ def _make_pufferlib(estimator, d, opts):
         adv = torch.empty(N, H, dtype=torch.float32, device=device)
         op(values_p, rewards_p, dones_p, importance, adv, gamma, lmbda, 1.0, 1.0)
         a = adv[:, :T]
-        return _back(a, td), _back(a + v, td)
+        return (_back(a, td), _back(a + v, td)) if targets else _back(a, td)
 
     prep = ["[N, T+1] rows: values + bootstrap, rewards/dones shifted by one slot, "
             "importance 1, clips 1"]
@@ -410,8 +414,9 @@ def _make_pufferlib(estimator, d, opts):
                     "steps' rewards")
     if td == 0:
         prep.append("time-major inputs as batch-major copies (outside the call)")
-    prep.append("value targets = advantages + values (a torch add in the call); legacy "
-                "default stream: no CUDA graph")
+    if targets:
+        prep.append("value targets = advantages + values (a torch add in the call)")
+    prep.append("legacy default stream: no CUDA graph")
     info = {"peer_version": desc, "prep": "; ".join(prep)}
     if build_s:
         info["build_s"] = round(build_s, 1)

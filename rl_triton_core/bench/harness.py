@@ -145,6 +145,10 @@ SPECS = {
             d.rewards, d.values, d.terminated, d.truncated, **_next(d), gamma=d.gamma,
             lmbda=d.lmbda, time_dim=d.time_dim),
             ("rewards", "values"), ("terminated", "truncated"), 2, "values"),
+        Spec("gae_advantages", lambda m, d: m.gae_advantages(
+            d.rewards, d.values, d.terminated, d.truncated, **_next(d), gamma=d.gamma,
+            lmbda=d.lmbda, time_dim=d.time_dim),
+            ("rewards", "values"), ("terminated", "truncated"), 1, "values"),
         Spec("lambda_returns", lambda m, d: m.lambda_returns(
             d.rewards, d.values, d.terminated, d.truncated, **_next(d), gamma=d.gamma,
             lmbda=d.lmbda, time_dim=d.time_dim),
