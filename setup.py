@@ -9,6 +9,7 @@ and the CPU path runs on numba, as before (``rl_triton_core.describe()`` says wh
 
 import os
 import sys
+import time
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -29,19 +30,39 @@ def _libs():
 
 
 class OptionalBuildExt(build_ext):
-    """Build the C kernels where a compiler works; otherwise warn and go on."""
+    """Build the C kernels where a compiler works; otherwise warn and go on. Each
+    extension's build time goes into rl_triton_core/_cbuild.txt (describe() reports it)."""
 
     def run(self):
+        self._times = {}
         try:
             super().run()
         except Exception as e:  # pragma: no cover - no compiler at all
             print(f"rl-triton-core: C kernels not built ({e}); the CPU path uses numba")
+        dirs = {os.path.join(self.build_lib, "rl_triton_core")}
+        if self.inplace:  # (the extensions were copied into the source tree)
+            dirs.add(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rl_triton_core"))
+        for d in dirs:
+            if not os.path.isdir(d) or not self._times:
+                continue
+            path = os.path.join(d, "_cbuild.txt")
+            old = {}
+            if os.path.exists(path):
+                with open(path) as f:
+                    old = dict(ln.split(" ", 1) for ln in f.read().splitlines() if " " in ln)
+            old.update({name: f"{t:.1f}" for name, t in self._times.items()})
+            with open(path, "w") as f:
+                f.write("".join(f"{name} {t}\n" for name, t in old.items()))
 
     def build_extension(self, ext):
+        start = time.perf_counter()
         try:
             super().build_extension(ext)
         except Exception as e:  # pragma: no cover - a compiler that fails
             print(f"rl-triton-core: {ext.name} not built ({e}); the CPU path uses numba")
+            return
+        self._times[ext.name] = time.perf_counter() - start
+        print(f"rl-triton-core: built {ext.name} in {self._times[ext.name]:.1f} s")
 
 
 _SOURCES = {"rl_triton_core._cscan": "rl_triton_core/_cscan.c",

@@ -65,6 +65,36 @@ def _cpu_kernels() -> str:
     return f"CPU kernels: C for {' and '.join(c)}; numba for the rest"
 
 
+def _build_time() -> str:
+    """The C kernels' build time at install (setup.py records it), or ''."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cbuild.txt")
+    try:
+        with open(path) as f:
+            parts = [ln.split() for ln in f.read().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " (built at install in " + ", ".join(
+        f"{p[1]} s ({p[0].rsplit('.', 1)[-1]})" for p in parts if len(p) == 2) + ")"
+
+
+def _gpu_launch() -> str:
+    """How a repeated CUDA call starts its kernels: from C, or through Triton's launcher."""
+    from rl_triton_core import _claunch
+
+    if os.environ.get("RL_TRITON_CORE_C_LAUNCH", "1") == "0":
+        return "GPU launch: Triton's launcher (RL_TRITON_CORE_C_LAUNCH=0)"
+    try:
+        ok = _claunch.available()
+    except Exception as e:  # Triton missing or broken: the calls will say so
+        return f"GPU launch: not available ({type(e).__name__}: {e})"
+    if ok:
+        return "GPU launch: a repeated call from C (cuLaunchKernel on torch's current stream)"
+    why = ("the C extension was not built" if _cpu_c._cscan is None else
+           "torch has no DLPack C exchange table" if _cpu_c.replay is None else
+           "the CUDA driver lacks cuFuncGetParamInfo (CUDA 12.4+)")
+    return f"GPU launch: Triton's launcher ({why})"
+
+
 def describe(x=None) -> str:
     """A short report for bug reports and logs: the library's, torch's, Triton's and
     numba's versions, which CPU kernels are built, the GPU, the backend settings and,
@@ -82,10 +112,11 @@ def describe(x=None) -> str:
     lines = [f"rl_triton_core {__version__}", f"torch {torch.__version__}"
              + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)"),
              f"triton {_version('triton') or 'not installed'}",
-             f"numba {_version('numba') or 'not installed'}", _cpu_kernels()]
+             f"numba {_version('numba') or 'not installed'}", _cpu_kernels() + _build_time()]
     if torch.cuda.is_available():
         lines.append("GPU " + ", ".join(torch.cuda.get_device_name(i)
                                         for i in range(torch.cuda.device_count())))
+        lines.append(_gpu_launch())
     else:
         lines.append("GPU none")
     lines.append("RL_TRITON_CORE_BACKEND=" + os.environ.get("RL_TRITON_CORE_BACKEND", "auto")
