@@ -64,7 +64,7 @@ static cu_ctx_dev_t cu_ctx_device;
 static cu_param_info_t cu_param_info;
 static dl_stream_t dl_stream;
 static PyObject *torch_empty_strided, *torch_zeros, *triton_runtime, *kw_dtype_device;
-static PyObject *s_enter_hook, *s_exit_hook;
+static PyObject *s_enter_hook, *s_exit_hook, *s_calls;
 
 /* gpu_bind(torch.empty_strided, torch.zeros, triton.knobs.runtime): finds the CUDA
  * driver's entry points; True where the GPU replay can run. */
@@ -94,6 +94,7 @@ static PyObject *gpu_bind(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     if (!s_exit_hook && !(s_exit_hook = PyUnicode_InternFromString("launch_exit_hook")))
         return NULL;
+    if (!s_calls && !(s_calls = PyUnicode_InternFromString("calls"))) return NULL;
     if (!kw_dtype_device && !(kw_dtype_device = Py_BuildValue("(ss)", "dtype", "device")))
         return NULL;
     Py_INCREF(args[0]);
@@ -249,12 +250,25 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
         for (int i = 0; i < r->l[j].nparams; i++)
             if (r->l[j].kind[i] == P_ALLOC && r->l[j].idx[i] >= PyTuple_GET_SIZE(allocs))
                 Py_RETURN_NONE;
-    /* a launch hook (a profiler) is called by Triton's launcher: the Python path */
+    /* a launch hook (a profiler) is called by Triton's launcher: the Python path. The
+     * hooks are None or a chain of them (triton.knobs.HookChain: set where its calls
+     * list is not empty) */
     for (int h = 0; h < 2; h++) {
         PyObject *hook = PyObject_GetAttr(triton_runtime, h ? s_exit_hook : s_enter_hook);
         if (!hook) return NULL;
+        if (hook == Py_None) {
+            Py_DECREF(hook);
+            continue;
+        }
+        PyObject *calls = PyObject_GetAttr(hook, s_calls);
         Py_DECREF(hook);
-        if (hook != Py_None) Py_RETURN_NONE;
+        if (!calls) {
+            PyErr_Clear();
+            Py_RETURN_NONE; /* a hook of another kind */
+        }
+        const int set = !PyList_CheckExact(calls) || PyList_GET_SIZE(calls) != 0;
+        Py_DECREF(calls);
+        if (set) Py_RETURN_NONE;
     }
     double nums[KEY_ARGS];
     int dev = -1;

@@ -385,13 +385,19 @@ def replay(jit_fn, kernels, args, device) -> bool:
     return run_compiled(kernels, args, device)
 
 
+def _hook(h):
+    """A launch hook, or None where there is none: None, or an empty chain of them
+    (``triton.knobs.HookChain``, whose launch metadata would be built for nothing)."""
+    return None if h is None or getattr(h, "calls", True) == [] else h
+
+
 def run_compiled(kernels, args, device) -> bool:
     """Launch compiled kernels ``[(kernel, grid, constexpr values)]`` with these
     positional arguments on the current stream of ``device`` (the current device),
     through the compiled kernels' own launcher, without Triton's argument binding.
     False: this Triton's launcher takes other arguments (nothing was launched)."""
     stream = torch._C._cuda_getCurrentRawStream(device.index)
-    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    enter, leave = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
     try:
         for kernel, grid, consts in kernels:
             full = (*args, *consts)

@@ -145,9 +145,11 @@ def test_c_replay_runs_on_the_current_stream(gen, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_c_replay_steps_aside_for_a_launch_hook(gen, monkeypatch):
-    """Triton's launch hooks (a profiler's) are called by its launcher: with one set, a
-    repeated call takes the Python path, which calls it."""
+@pytest.mark.parametrize("how", ["assigned", "added"])
+def test_c_replay_steps_aside_for_a_launch_hook(how, gen, monkeypatch):
+    """Triton's launch hooks (a profiler's) are called by its launcher: with one set
+    (assigned, or added to Triton's chain of them), a repeated call takes the Python
+    path, which calls it; with the chain empty again, the C replay."""
     _needs_c_launch()
     from triton import knobs
 
@@ -156,9 +158,23 @@ def test_c_replay_steps_aside_for_a_launch_hook(gen, monkeypatch):
     fn(*args, **kw)
     calls, replayed = [], []
     spy_c_replay(monkeypatch, replayed)
-    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: calls.append(1))
-    fn(*args, **kw)
+    hook = lambda *a: calls.append(1)  # noqa: E731
+    chain = knobs.runtime.launch_enter_hook
+    if how == "assigned":
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+    elif not hasattr(chain, "add"):
+        pytest.skip("this Triton has no chain of launch hooks")
+    else:
+        chain.add(hook)
+    try:
+        fn(*args, **kw)
+    finally:
+        if how == "added":
+            chain.remove(hook)
     assert calls and not replayed
+    if how == "added":
+        fn(*args, **kw)
+        assert replayed and len(calls) == 1
 
 
 @pytest.mark.gpu
