@@ -27,8 +27,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
-from rl_triton_core import _config, _cpu_c, _dispatch, _launch, _table
+from rl_triton_core import _claunch, _config, _cpu_c, _dispatch, _launch, _table
 from rl_triton_core._kernel import _apply, _column, _combine
 from rl_triton_core._layout import Layout
 
@@ -508,8 +509,6 @@ def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
     p.like, p.shape, p.device = like_ok, shape, raw[0].device
     _dispatch._store(key, p)
     if args[0].device.type == "cuda":  # the same launch for the C replay, under its key
-        from rl_triton_core import _claunch
-
         tensors = dict(p.tensor_pos)
         numbers = {(pos,): (_claunch.P_F32, idx) for pos, idx, _ in _FUSED_NUMBERS}
 
@@ -526,6 +525,7 @@ def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
         (_, _, time_dim), tune = key[0], key[1]
         ckey = _cpu_c.key(_dispatch.c_prefix("retrace_from_actions"), raw[:len(RAW_FUSED)],
                           time_dim, tune)
-        _claunch.record(ckey, [(kernel, grid, (*args, *p.kernels[0][2]))], [(args[0], False)],
-                        [(_claunch.P_ALLOC, 0)], checks, [0] * len(RAW_FUSED), args[0].device,
-                        tune, source)
+        _dispatch._store(ckey, _claunch.record(
+            knobs.runtime, ckey, [(kernel, grid, (*args, *p.kernels[0][2]))],
+            [(args[0], False)], [(_claunch.P_ALLOC, 0)], checks, [0] * len(RAW_FUSED),
+            args[0].device, tune, source))

@@ -66,11 +66,19 @@ static dl_stream_t dl_stream;
 static PyObject *torch_empty_strided, *torch_zeros, *triton_runtime, *kw_dtype_device;
 static PyObject *s_enter_hook, *s_exit_hook, *s_calls;
 
-/* gpu_bind(torch.empty_strided, torch.zeros, triton.knobs.runtime): finds the CUDA
- * driver's entry points; True where the GPU replay can run. */
+/* gpu_hooks(triton.knobs.runtime): where the replay reads Triton's launch hooks (set
+ * before the first record is kept); True */
+static PyObject *gpu_hooks(PyObject *self, PyObject *arg) {
+    Py_INCREF(arg);
+    Py_XSETREF(triton_runtime, arg);
+    Py_RETURN_TRUE;
+}
+
+/* gpu_bind(torch.empty_strided, torch.zeros): finds the CUDA driver's entry points;
+ * True where the GPU replay can run. */
 static PyObject *gpu_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "_cscan.gpu_bind(empty_strided, zeros, runtime)");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.gpu_bind(empty_strided, zeros)");
         return NULL;
     }
 #if GPU_REPLAY
@@ -99,10 +107,8 @@ static PyObject *gpu_bind(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     Py_INCREF(args[0]);
     Py_INCREF(args[1]);
-    Py_INCREF(args[2]);
     Py_XSETREF(torch_empty_strided, args[0]);
     Py_XSETREF(torch_zeros, args[1]);
-    Py_XSETREF(triton_runtime, args[2]);
     Py_RETURN_TRUE;
 #else
     Py_RETURN_FALSE;

@@ -38,12 +38,8 @@ def available() -> bool:
     torch has DLPack's exchange table and the CUDA driver has the entry points)."""
     global _bound
     if _bound is None:
-        _bound = False
-        if _cpu_c.replay is not None and torch.cuda.is_available():
-            from triton import knobs
-
-            _bound = bool(_cpu_c._cscan.gpu_bind(torch.empty_strided, torch.zeros,
-                                                 knobs.runtime))
+        _bound = bool(_cpu_c.replay is not None and torch.cuda.is_available()
+                      and _cpu_c._cscan.gpu_bind(torch.empty_strided, torch.zeros))
     return _bound
 
 
@@ -110,9 +106,10 @@ def _launch_of(kernel, grid, full, source):
             32 * md.num_warps, md.shared, tuple(params))
 
 
-def record(ckey, launches, allocs, returns, checks, extents, device, tune, source):
-    """Store the C record of a CUDA call under ``ckey`` (the C replay's key) in the plan
-    dictionary, where it can be recorded: ``launches`` [(compiled kernel, grid, its
+def record(runtime, ckey, launches, allocs, returns, checks, extents, device, tune, source):
+    """The C record of a CUDA call, to keep under ``ckey`` (the C replay's key) in the plan
+    dictionary; None where it cannot be recorded. ``runtime``: Triton's
+    ``knobs.runtime`` (the replay reads its launch hooks); ``launches`` [(compiled kernel, grid, its
     positional arguments)], ``allocs`` [(tensor, zeroed)] the tensors the call allocates
     (their shapes, strides and dtypes; zeroed: torch.zeros), ``returns`` the results
     ((P_ALLOC, allocation) or (P_ARG, argument) for an out= tensor), per argument of the
@@ -120,17 +117,15 @@ def record(ckey, launches, allocs, returns, checks, extents, device, tune, sourc
     address, which an out= tensor must not share; 0 for none), ``source(path)`` a
     parameter's source ((kind, index) or None for a constant; ``path``: (argument
     position,) or (position, tuple index))."""
-    from rl_triton_core import _dispatch
-
     if ckey is None or not enabled() or len(allocs) > 4:
-        return
+        return None
     try:
         recs = tuple(_launch_of(k, g, full, source) for k, g, full in launches)
     except (_NotRecordable, AttributeError, KeyError, TypeError, struct.error, OverflowError):
-        return
+        return None
     blob = _cpu_c._cscan.grecord(len(checks), tuple(checks), recs, tuple(returns),
                                  tuple(extents))
-    if blob is None:
-        return
+    if blob is None or not _cpu_c._cscan.gpu_hooks(runtime):
+        return None
     specs = tuple((tuple(t.shape), tuple(t.stride()), t.dtype, bool(zero)) for t, zero in allocs)
-    _dispatch._store(ckey, (blob, specs, tune, len(returns), device))
+    return blob, specs, tune, len(returns), device

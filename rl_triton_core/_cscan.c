@@ -1911,8 +1911,10 @@ static PyMethodDef methods[] = {
      "(recording, shape, dtype, tuning, two_out) under key(prefix, args, time_dim, "
      "tuning) and every check passes; else None."},
     {"gpu_bind", (PyCFunction)(void (*)(void))gpu_bind, METH_FASTCALL,
-     "gpu_bind(torch.empty_strided, torch.zeros, triton.knobs.runtime): find the CUDA "
-     "driver; True where replay() can repeat recorded CUDA launches."},
+     "gpu_bind(torch.empty_strided, torch.zeros): find the CUDA driver; True where "
+     "replay() can repeat recorded CUDA launches."},
+    {"gpu_hooks", gpu_hooks, METH_O,
+     "gpu_hooks(triton.knobs.runtime): where replay() reads Triton's launch hooks."},
     {"param_sizes", param_sizes, METH_O,
      "param_sizes(function): each parameter's byte size of a CUfunction, or None."},
     {"grecord", (PyCFunction)(void (*)(void))grecord, METH_FASTCALL,

@@ -191,8 +191,8 @@ def _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx, o
             # the user's arguments, with the out= slots where there are out= tensors
             (name, _, time_dim), tune = key[0], key[1]
             cargs = raw if user_out else raw[:-2]
-            _launch.record_c(_cpu_c.key(c_prefix(name), cargs, time_dim, tune), plan, call,
-                             len(cargs), tune)
+            ckey = _cpu_c.key(c_prefix(name), cargs, time_dim, tune)
+            _store(ckey, _launch.record_c(ckey, plan, call, len(cargs), tune))
 
 
 _F64 = np.zeros(1)

@@ -28,7 +28,7 @@ import torch
 import triton
 from triton import knobs
 
-from rl_triton_core import _table
+from rl_triton_core import _claunch, _table
 from rl_triton_core._config import Tuning, current_tuning
 from rl_triton_core._kernel import scan_kernel
 from rl_triton_core._validate import extent
@@ -468,12 +468,11 @@ def record(raw, index, launched_call, out0, out1, like_idx, dtype, shape, user_o
 
 
 def record_c(ckey, plan, launched_call, nargs, tune):
-    """Record ``plan`` (just recorded from ``launched_call``) for the C replay
-    (:mod:`rl_triton_core._claunch`) under ``ckey`` (the key of the user's arguments,
-    out= slots included where the plan writes into the caller's tensors), where it can
-    be."""
-    from rl_triton_core import _claunch as c
-
+    """``plan`` (just recorded from ``launched_call``) as the C replay's record
+    (:mod:`rl_triton_core._claunch`), to keep under ``ckey`` (the key of the user's
+    arguments, out= slots included where the plan writes into the caller's tensors);
+    None where it cannot be recorded."""
+    c = _claunch
     args, _, ws_spec, _ = launched_call
     allocs, where, returns, extents = [], {}, [], [0] * nargs
     for pos in (0, 1):
@@ -508,4 +507,5 @@ def record_c(ckey, plan, launched_call, nargs, tune):
     for idx, lo, hi in plan.checks:
         checks[idx] = (float(lo), float(hi))
     launches = [(k, grid, (*args, *consts)) for k, grid, consts in plan.kernels]
-    c.record(ckey, launches, allocs, returns, checks, extents, plan.device, tune, source)
+    return c.record(knobs.runtime, ckey, launches, allocs, returns, checks, extents,
+                    plan.device, tune, source)

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from rl_triton_core import _cpu_c, _dispatch
+from rl_triton_core import _claunch, _cpu_c, _dispatch
 from rl_triton_core._version import __version__
 
 __all__ = ["backend_for", "describe"]
@@ -79,15 +79,9 @@ def _build_time() -> str:
 
 def _gpu_launch() -> str:
     """How a repeated CUDA call starts its kernels: from C, or through Triton's launcher."""
-    from rl_triton_core import _claunch
-
     if os.environ.get("RL_TRITON_CORE_C_LAUNCH", "1") == "0":
         return "GPU launch: Triton's launcher (RL_TRITON_CORE_C_LAUNCH=0)"
-    try:
-        ok = _claunch.available()
-    except Exception as e:  # Triton missing or broken: the calls will say so
-        return f"GPU launch: not available ({type(e).__name__}: {e})"
-    if ok:
+    if _claunch.available():
         return "GPU launch: a repeated call from C (cuLaunchKernel on torch's current stream)"
     why = ("the C extension was not built" if _cpu_c._cscan is None else
            "torch has no DLPack C exchange table" if _cpu_c.replay is None else

@@ -369,7 +369,8 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
     raw = (q_values, target_probs, actions, behaviour_log_probs, next_q_values,
            next_target_probs, bootstrap_q_values, bootstrap_target_probs, rewards,
            terminated, truncated, gamma, lmbda, c_bar, out)
-    if out is None and _replay is not None:  # a recorded CUDA call (the fused pass) in C
+    if out is None and _replay is not None and not torch.compiler.is_compiling():
+        # a recorded CUDA call (the fused pass), repeated in C
         res = _replay(_dispatch._PLANS, _RFA_PREFIX, raw[:14], time_dim, _config._current)
         if res is not None:
             return res
