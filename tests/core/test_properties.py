@@ -341,11 +341,13 @@ def test_gae_advantages_is_gaes_first_output(impl, segments, part):
         want = lib("gae")(*args, **kw)[0]
         plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
         _check_ref("gae", adv.detach(), plain, kw, p["dtype"], ctx)
-        assert torch.equal(adv.detach(), want.detach()), ctx
+        diff = (adv.detach().double() - want.detach().double()).abs().max().item()
+        assert torch.equal(adv.detach(), want.detach()), f"{ctx} forward, max diff {diff}"
         w = inp.randn().to(impl.device)
         got = torch.autograd.grad((adv * w).sum(), leaves, retain_graph=True)
         exp = torch.autograd.grad((want * w).sum(), leaves)
         for g, e in zip(got, exp):
-            assert torch.equal(g, e), ctx
+            diff = (g.double() - e.double()).abs().max().item()
+            assert torch.equal(g, e), f"{ctx} gradient, max diff {diff}"
 
     check()
