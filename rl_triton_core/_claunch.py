@@ -14,7 +14,8 @@ constants left out and its tuples flattened, then the scratch pointers Triton ap
 the driver reports for the function; anything that does not match, and any launch
 Triton would start differently (clusters, cooperative or programmatic launches,
 scratch memory, launch hooks), is not recorded and keeps the Python path.
-``RL_TRITON_CORE_C_LAUNCH=0`` (read when a call is recorded) keeps every call there.
+It is off by default: ``RL_TRITON_CORE_C_LAUNCH=1`` (read when a call is recorded)
+turns it on, ``0`` keeps every call on Triton's launcher.
 """
 
 from __future__ import annotations
@@ -43,8 +44,12 @@ def available() -> bool:
     return _bound
 
 
+DEFAULT = "0"  # RL_TRITON_CORE_C_LAUNCH where it is not set
+
+
 def enabled() -> bool:
-    return os.environ.get("RL_TRITON_CORE_C_LAUNCH", "1") != "0" and available()
+    """Whether a CUDA call is recorded for the C replay: switched on and available."""
+    return os.environ.get("RL_TRITON_CORE_C_LAUNCH", DEFAULT) == "1" and available()
 
 
 def _flatten(sig, value, path, out):

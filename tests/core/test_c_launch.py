@@ -15,6 +15,12 @@ from test_paths import CASES, _inputs
 from rl_triton_core import _claunch, _cpu_c, _dispatch
 
 
+@pytest.fixture(autouse=True)
+def _c_launch_on(monkeypatch):
+    """The C launch switched on (it is off by default) for every test here."""
+    monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", "1")
+
+
 def _gpu_records():
     return [v for v in _dispatch._PLANS.values()
             if type(v) is tuple and len(v) == 5 and type(v[0]) is bytes and
@@ -179,8 +185,8 @@ def test_c_replay_steps_aside_for_a_launch_hook(how, gen, monkeypatch):
 
 @pytest.mark.gpu
 def test_c_launch_switched_off(gen, monkeypatch):
-    """RL_TRITON_CORE_C_LAUNCH=0: nothing is recorded for the C replay, and the repeated
-    call takes Triton's launcher (the Python plan)."""
+    """RL_TRITON_CORE_C_LAUNCH=0 (as where it is not set): nothing is recorded for the C
+    replay, and the repeated call takes Triton's launcher (the Python plan)."""
     _needs_c_launch()
     monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", "0")
     _dispatch._PLANS.clear()
@@ -291,6 +297,14 @@ def test_no_c_launch_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CPU-only check")
     assert not _claunch.available() and not _claunch.enabled()
+
+
+def test_c_launch_is_off_by_default(monkeypatch):
+    monkeypatch.delenv("RL_TRITON_CORE_C_LAUNCH", raising=False)
+    monkeypatch.setattr(_claunch, "_bound", True)  # as if it were available
+    assert not _claunch.enabled()
+    monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", "1")
+    assert _claunch.enabled()
 
 
 @pytest.mark.gpu
