@@ -16,6 +16,16 @@ export PYTHONPATH=$PWD:$pkgs${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 export RL_TEST_TIME_LOG=${RL_TEST_TIME_LOG:-$OUT/test_times.txt}
 what=${1:-all}; shift || true
+# the scan's C extension (its replay repeats recorded calls; RL_TRITON_CORE_C_LAUNCH=1 for
+# CUDA calls), built at -O1: 7 s, where setup.py's -O3 build of both extensions took 155 s
+# of device time (the GPU runs do not time the CPU kernels). CBUILD=0 skips it.
+if [[ ${CBUILD:-1} == 1 ]]; then
+  inc=$(python -c "import sysconfig;print(sysconfig.get_paths()['include'])")
+  suf=$(python -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
+  gcc -O1 -shared -fPIC -std=c99 -ffp-contract=off -fno-math-errno -fno-trapping-math \
+    -I"$inc" rl_triton_core/_cscan.c -o "rl_triton_core/_cscan$suf" -lpthread -ldl \
+    || echo "the C extension did not build: the Python paths run"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" | tee -a "$OUT/gpu.txt"
 if [[ $what == multigpu ]]; then  # needs two GPUs (kind nvidia-h200-x2); NVLink multicast off
