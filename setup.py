@@ -55,12 +55,16 @@ class OptionalBuildExt(build_ext):
                 f.write("".join(f"{name} {t}\n" for name, t in old.items()))
 
     def build_extension(self, ext):
+        path = self.get_ext_fullpath(ext.name)
+        before = os.path.getmtime(path) if os.path.exists(path) else None
         start = time.perf_counter()
         try:
             super().build_extension(ext)
         except Exception as e:  # pragma: no cover - a compiler that fails
             print(f"rl-triton-core: {ext.name} not built ({e}); the CPU path uses numba")
             return
+        if not os.path.exists(path) or os.path.getmtime(path) == before:
+            return  # up to date: nothing was built, the recorded time stands
         self._times[ext.name] = time.perf_counter() - start
         print(f"rl-triton-core: built {ext.name} in {self._times[ext.name]:.1f} s")
 

@@ -508,7 +508,7 @@ def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
     p.kernels = [(kernel, grid, [consts[n] for n in names])]
     p.like, p.shape, p.device = like_ok, shape, raw[0].device
     _dispatch._store(key, p)
-    if args[0].device.type == "cuda":  # the same launch for the C replay, under its key
+    if args[0].device.type == "cuda" and _claunch.enabled():  # for the C replay too
         tensors = dict(p.tensor_pos)
         numbers = {(pos,): (_claunch.P_F32, idx) for pos, idx, _ in _FUSED_NUMBERS}
 

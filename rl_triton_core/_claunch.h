@@ -44,7 +44,7 @@ typedef struct {
 } glaunch_t;
 
 typedef struct {
-    int32_t nargs, nlaunch, nret;
+    int32_t nargs, nlaunch, nret, nalloc;
     int8_t num[KEY_ARGS]; /* 1: the argument is a number, checked against [lo, hi] */
     double lo[KEY_ARGS], hi[KEY_ARGS];
     int64_t extent[KEY_ARGS]; /* an out= call: each tensor's bytes from its address */
@@ -66,11 +66,12 @@ static dl_stream_t dl_stream;
 static PyObject *torch_empty_strided, *torch_zeros, *triton_runtime, *kw_dtype_device;
 static PyObject *s_enter_hook, *s_exit_hook, *s_calls;
 
-/* gpu_hooks(triton.knobs.runtime): where the replay reads Triton's launch hooks (set
- * before the first record is kept); True */
+/* gpu_hooks(triton.knobs.runtime): where the replay reads Triton's launch hooks; called
+ * as the first record is kept, from when on CUDA calls build keys; True */
 static PyObject *gpu_hooks(PyObject *self, PyObject *arg) {
     Py_INCREF(arg);
     Py_XSETREF(triton_runtime, arg);
+    gpu_kept = 1;
     Py_RETURN_TRUE;
 }
 
@@ -140,7 +141,8 @@ static PyObject *param_sizes(PyObject *self, PyObject *arg) {
     return res;
 }
 
-/* grecord(nargs, checks, launches, returns, extents): a grecord_t as bytes. checks: per
+/* grecord(nargs, nalloc, checks, launches, returns, extents): a grecord_t as bytes, of a
+ * call that allocates nalloc tensors (outputs, workspaces). checks: per
  * argument of the call, None or (lo, hi) for a number; launches: per kernel (function,
  * (gx, gy, gz), threads, shared bytes, params), params a tuple of (kind, index, size,
  * bits); returns: the results, each (P_ALLOC, allocation) or (P_ARG, argument: an out=
@@ -148,28 +150,30 @@ static PyObject *param_sizes(PyObject *self, PyObject *arg) {
  * empty), which an out= tensor must not share with another. None where it does not
  * fit. */
 static PyObject *grecord(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
-        !PyTuple_Check(args[3]) || !PyTuple_Check(args[4])) {
+    if (nargs != 6 || !PyTuple_Check(args[2]) || !PyTuple_Check(args[3]) ||
+        !PyTuple_Check(args[4]) || !PyTuple_Check(args[5])) {
         PyErr_SetString(PyExc_TypeError,
-                        "_cscan.grecord(nargs, checks, launches, returns, extents)");
+                        "_cscan.grecord(nargs, nalloc, checks, launches, returns, extents)");
         return NULL;
     }
     grecord_t r;
     memset(&r, 0, sizeof(r));
-    const long n = PyLong_AsLong(args[0]);
-    if (n == -1 && PyErr_Occurred()) return NULL;
+    const long n = PyLong_AsLong(args[0]), na = PyLong_AsLong(args[1]);
+    if ((n == -1 || na == -1) && PyErr_Occurred()) return NULL;
+    args++; /* checks, launches, returns, extents at 1..4 */
     const Py_ssize_t nl = PyTuple_GET_SIZE(args[2]);
     const Py_ssize_t nr = PyTuple_GET_SIZE(args[3]);
-    if (n < 0 || n > KEY_ARGS || PyTuple_GET_SIZE(args[1]) != n || nl < 1 ||
-        nl > GL_LAUNCHES || nr < 1 || nr > GL_ALLOCS || PyTuple_GET_SIZE(args[4]) != n)
+    if (n < 0 || n > KEY_ARGS || na < 0 || na > GL_ALLOCS || PyTuple_GET_SIZE(args[1]) != n ||
+        nl < 1 || nl > GL_LAUNCHES || nr < 1 || nr > GL_ALLOCS || PyTuple_GET_SIZE(args[4]) != n)
         Py_RETURN_NONE;
     r.nargs = (int32_t)n;
+    r.nalloc = (int32_t)na;
     r.nlaunch = (int32_t)nl;
     r.nret = (int32_t)nr;
     for (Py_ssize_t i = 0; i < nr; i++) {
         int kind, idx;
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(args[3], i), "ii", &kind, &idx)) return NULL;
-        if (!((kind == P_ALLOC && idx >= 0 && idx < GL_ALLOCS) ||
+        if (!((kind == P_ALLOC && idx >= 0 && idx < na) ||
               (kind == P_ARG && idx >= 0 && idx < n))) {
             PyErr_SetString(PyExc_ValueError, "_cscan.grecord: a result out of range");
             return NULL;
@@ -208,7 +212,7 @@ static PyObject *grecord(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                                   &bits))
                 return NULL;
             if (kind < P_CONST || kind > P_LO || (size != 4 && size != 8) ||
-                (kind == P_ALLOC && (idx < 0 || idx >= GL_ALLOCS)) ||
+                (kind == P_ALLOC && (idx < 0 || idx >= na)) ||
                 (kind >= P_ARG && (idx < 0 || idx >= n)) ||
                 (kind >= P_F32 && !r.num[idx])) {
                 PyErr_SetString(PyExc_ValueError, "_cscan.grecord: a parameter out of range");
@@ -245,17 +249,12 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
     PyObject *blob = PyTuple_GET_ITEM(rec, 0), *allocs = PyTuple_GET_ITEM(rec, 1);
     PyObject *device = PyTuple_GET_ITEM(rec, 4);
     if (!PyBytes_Check(blob) || PyBytes_GET_SIZE(blob) != (Py_ssize_t)sizeof(grecord_t) ||
-        !PyTuple_Check(allocs) || PyTuple_GET_SIZE(allocs) > GL_ALLOCS)
+        !PyTuple_Check(allocs))
         Py_RETURN_NONE;
     const grecord_t *r = (const grecord_t *)PyBytes_AS_STRING(blob);
-    if (PyTuple_GET_SIZE(call_args) != r->nargs) Py_RETURN_NONE;
-    for (int k = 0; k < r->nret; k++) /* a result the record does not allocate */
-        if (r->ret_kind[k] == P_ALLOC && r->ret_idx[k] >= PyTuple_GET_SIZE(allocs))
-            Py_RETURN_NONE;
-    for (int j = 0; j < r->nlaunch; j++)
-        for (int i = 0; i < r->l[j].nparams; i++)
-            if (r->l[j].kind[i] == P_ALLOC && r->l[j].idx[i] >= PyTuple_GET_SIZE(allocs))
-                Py_RETURN_NONE;
+    /* (grecord checked every index against nargs and nalloc) */
+    if (PyTuple_GET_SIZE(call_args) != r->nargs || PyTuple_GET_SIZE(allocs) != r->nalloc)
+        Py_RETURN_NONE;
     /* a launch hook (a profiler) is called by Triton's launcher: the Python path. The
      * hooks are None or a chain of them (triton.knobs.HookChain: set where its calls
      * list is not empty) */
@@ -281,15 +280,9 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
     for (Py_ssize_t i = 0; i < r->nargs; i++) {
         PyObject *a = PyTuple_GET_ITEM(call_args, i);
         if (Py_IS_TYPE(a, tensor_type)) {
-            /* as the CPU replay: grad and negative-bit views take the Python path */
-            PyObject *rg = PyObject_GetAttr(a, s_requires_grad);
-            if (!rg) return NULL;
-            Py_DECREF(rg);
-            if (rg != Py_False) Py_RETURN_NONE;
-            PyObject *ng = PyObject_CallMethodNoArgs(a, s_is_neg);
-            if (!ng) return NULL;
-            Py_DECREF(ng);
-            if (ng != Py_False) Py_RETURN_NONE;
+            const int plain = plain_tensor(a);
+            if (plain < 0) return NULL;
+            if (!plain) Py_RETURN_NONE;
             if (dl[i].device.device_type == DL_CUDA) dev = dl[i].device.device_id;
         } else if (r->num[i]) {
             const double x = PyFloat_AsDouble(a);

@@ -32,6 +32,7 @@ P_CONST, P_ALLOC, P_ARG, P_F32, P_HI, P_LO = range(6)
 _PACK = {"i32": ("<i", 4), "u32": ("<I", 4), "i64": ("<q", 8), "u64": ("<Q", 8),
          "fp32": ("<f", 4), "fp64": ("<d", 8)}
 _bound = None
+recorded = False  # a record was made: out= calls and retrace_from_actions try the C replay
 
 
 def available() -> bool:
@@ -128,9 +129,11 @@ def record(runtime, ckey, launches, allocs, returns, checks, extents, device, tu
         recs = tuple(_launch_of(k, g, full, source) for k, g, full in launches)
     except (_NotRecordable, AttributeError, KeyError, TypeError, struct.error, OverflowError):
         return None
-    blob = _cpu_c._cscan.grecord(len(checks), tuple(checks), recs, tuple(returns),
-                                 tuple(extents))
+    blob = _cpu_c._cscan.grecord(len(checks), len(allocs), tuple(checks), recs,
+                                 tuple(returns), tuple(extents))
     if blob is None or not _cpu_c._cscan.gpu_hooks(runtime):
         return None
+    global recorded
+    recorded = True
     specs = tuple((tuple(t.shape), tuple(t.stride()), t.dtype, bool(zero)) for t, zero in allocs)
     return blob, specs, tune, len(returns), device

@@ -1351,6 +1351,7 @@ typedef struct { /* DLPack 1.x's DLPackExchangeAPI: the entries used here, in or
 static const dl_api_t *dl_api;        /* torch's exchange table, or NULL: no replay */
 static PyTypeObject *tensor_type;     /* torch.Tensor (subclasses take the Python path) */
 static PyObject *torch_empty, *s_requires_grad, *s_is_neg, *kw_dtype;
+static int gpu_kept; /* a CUDA record was kept (_claunch.h's gpu_hooks) */
 
 /* A recorded call: the scan and where each of the user's arguments goes. */
 typedef struct {
@@ -1383,8 +1384,10 @@ static Py_ssize_t call_key(PyObject *prefix, PyObject *args, PyObject *time_dim,
                 return 0;
             }
             const int nd = d->ndim;
-            /* recordings are of CPU calls, and of CUDA ones (_claunch.h) */
-            if (d->device.device_type != DL_CPU && d->device.device_type != 2) return 0;
+            /* recordings are of CPU calls, and of CUDA ones once one is kept (_claunch.h;
+             * until then a CUDA call builds no key) */
+            if (d->device.device_type != DL_CPU && !(d->device.device_type == 2 && gpu_kept))
+                return 0;
             if (nd < 0 || nd > KEY_DIMS || k + 24 + 16 * nd > end) return 0;
             *k++ = 'T';
             *k++ = (char)nd;
@@ -1512,6 +1515,20 @@ static PyObject *new_output(PyObject *shape, PyObject *dtype, char **data) {
     return t;
 }
 
+/* 1 where the replay may take tensor a, 0 where the Python path must (a tensor that
+ * requires grad: autograd, or detach; a view with the negative bit, x.conj().imag:
+ * DLPack describes its memory, not its values), -1 with a Python error set */
+static int plain_tensor(PyObject *a) {
+    PyObject *rg = PyObject_GetAttr(a, s_requires_grad);
+    if (!rg) return -1;
+    Py_DECREF(rg);
+    if (rg != Py_False) return 0;
+    PyObject *ng = PyObject_CallMethodNoArgs(a, s_is_neg);
+    if (!ng) return -1;
+    Py_DECREF(ng);
+    return ng == Py_False;
+}
+
 #include "_claunch.h"
 
 /* replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds a
@@ -1570,17 +1587,9 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; i < rp->nargs; i++) {
         PyObject *a = PyTuple_GET_ITEM(call_args, i);
         if (Py_IS_TYPE(a, tensor_type)) {
-            /* a tensor that requires grad takes the Python path (autograd, or detach);
-             * so does a view with the negative bit (x.conj().imag): DLPack describes its
-             * memory, not its values */
-            PyObject *rg = PyObject_GetAttr(a, s_requires_grad);
-            if (!rg) goto fail;
-            Py_DECREF(rg);
-            if (rg != Py_False) goto none;
-            PyObject *ng = PyObject_CallMethodNoArgs(a, s_is_neg);
-            if (!ng) goto fail;
-            Py_DECREF(ng);
-            if (ng != Py_False) goto none;
+            const int plain = plain_tensor(a);
+            if (plain < 0) goto fail;
+            if (!plain) goto none;
             if (rp->addr[i] >= 0 && arrs[rp->addr[i]]->p) arrs[rp->addr[i]]->p = dl[i].data;
         } else if (rp->num[i] >= 0) {
             const double x = PyFloat_AsDouble(a);

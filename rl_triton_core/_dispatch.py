@@ -15,7 +15,7 @@ import os
 import numpy as np
 import torch
 
-from rl_triton_core import _config, _cpu_c
+from rl_triton_core import _claunch, _config, _cpu_c
 from rl_triton_core._layout import Layout, _np_view
 from rl_triton_core._table import COEF_RANGE
 
@@ -186,7 +186,7 @@ def _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx, o
         plan = _launch.record(raw, index, call, out0, out1, like, out_dtype, layout.shape,
                               user_out, len(raw) - 2)
         _store(key, plan)
-        if plan is not None and out0.device.type == "cuda":
+        if plan is not None and out0.device.type == "cuda" and _claunch.enabled():
             # the same launch for the C replay, under its key (no Python on a repeat):
             # the user's arguments, with the out= slots where there are out= tensors
             (name, _, time_dim), tune = key[0], key[1]

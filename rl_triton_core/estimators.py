@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core import _autograd, _call, _config, _cpu_c, _dispatch, _ops
+from rl_triton_core import _autograd, _call, _claunch, _config, _cpu_c, _dispatch, _ops
 from rl_triton_core import _validate as check
 from rl_triton_core._layout import Layout, normalize_time_dim
 from rl_triton_core._table import TABLE
@@ -48,7 +48,9 @@ def _front(spec, args: tuple, time_dim, out):
     the checked full path."""
     if torch.compiler.is_compiling():  # one custom op per estimator in the traced graph
         return _ops.call(spec, args + _call.out_slots(out, spec.n_out), time_dim, out)
-    if _replay is not None:  # a recorded call repeated in C (CPU; CUDA also with out=)
+    if _replay is not None and (out is None or _claunch.recorded):
+        # a recorded call repeated in C (CPU calls; CUDA calls, also with out=, where the
+        # C launch recorded one)
         res = _replay(_dispatch._PLANS, _PREFIX[spec.name],
                       args if out is None else args + _call.out_slots(out, spec.n_out),
                       time_dim, _config._current)
@@ -369,7 +371,7 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
     raw = (q_values, target_probs, actions, behaviour_log_probs, next_q_values,
            next_target_probs, bootstrap_q_values, bootstrap_target_probs, rewards,
            terminated, truncated, gamma, lmbda, c_bar, out)
-    if out is None and _replay is not None and not torch.compiler.is_compiling():
+    if out is None and _claunch.recorded and not torch.compiler.is_compiling():
         # a recorded CUDA call (the fused pass), repeated in C
         res = _replay(_dispatch._PLANS, _RFA_PREFIX, raw[:14], time_dim, _config._current)
         if res is not None:

@@ -31,6 +31,16 @@ def _gae(dev, **changes):
     return rtc.gae(a["rewards"], a["values"], a["terminated"], a["truncated"], **kw)
 
 
+def _gae_advantages(dev, **changes):
+    """gae_advantages (gae's checks, one output) with valid defaults."""
+    r, v, term = _data(dev)
+    a = dict(rewards=r, values=v, terminated=term)
+    kw = dict(gamma=0.9, lmbda=0.8, time_dim=-1)
+    for k, val in changes.items():
+        (a if k in a else kw)[k] = val
+    return rtc.gae_advantages(a["rewards"], a["values"], a["terminated"], **kw)
+
+
 def _lambda_returns(dev, **changes):
     r, v, term = _data(dev)
     a = dict(rewards=r, values=v, terminated=term)
@@ -106,6 +116,13 @@ CASES = {
                    bootstrap_value=lambda d: Z(B, device=d)),
         ValueError, both("next_values", "bootstrap_value")),
     "gamma_above_one": (_gae, dict(gamma=lambda d: 1.01), ValueError, "gamma"),
+    "advantages_lmbda_above_one": (_gae_advantages, dict(lmbda=lambda d: 1.5), ValueError,
+                                   "lmbda"),
+    "advantages_values_shape": (_gae_advantages, dict(values=lambda d: Z(B, T + 1, device=d)),
+                                ValueError, "values"),
+    "advantages_rewards_int": (_gae_advantages, dict(rewards=lambda d: Z(B, T, dtype=torch.int64,
+                                                                        device=d)),
+                               TypeError, "rewards"),
     "gamma_negative": (_gae, dict(gamma=lambda d: -0.1), ValueError, "gamma"),
     "gamma_nan": (_lambda_returns, dict(gamma=lambda d: float("nan")), ValueError, "gamma"),
     "gamma_string": (_gae, dict(gamma=lambda d: "0.99"), TypeError, "gamma"),
@@ -173,9 +190,9 @@ CASES = {
     "out_expanded": (_linrec, dict(out=lambda d: Z(B, 1, device=d).expand(B, T)), ValueError,
                      "out"),
 }
-CALLS = {_gae: "gae", _lambda_returns: "lambda_returns", _discounted: "discounted_returns",
-         _traces: "eligibility_traces", _cumsum: "episodic_cumsum",
-         _linrec: "linear_recurrence"}
+CALLS = {_gae: "gae", _gae_advantages: "gae_advantages", _lambda_returns: "lambda_returns",
+         _discounted: "discounted_returns", _traces: "eligibility_traces",
+         _cumsum: "episodic_cumsum", _linrec: "linear_recurrence"}
 
 
 def test_enough_distinct_cases():

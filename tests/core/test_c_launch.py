@@ -278,7 +278,8 @@ def test_grecord_checks_its_indices():
     none3 = (None, None, None)
 
     def rec(params, checks=none3, returns=ok):
-        return cs.grecord(3, checks, ((0x1234, (1, 1, 1), 32, 0, params),), returns, (0, 0, 0))
+        return cs.grecord(3, 1, checks, ((0x1234, (1, 1, 1), 32, 0, params),), returns,
+                          (0, 0, 0))
 
     assert isinstance(rec(((_claunch.P_ARG, 2, 8, 0),)), bytes)
     with pytest.raises(ValueError):  # argument 3 of 3
@@ -287,6 +288,8 @@ def test_grecord_checks_its_indices():
         rec(((_claunch.P_F32, 1, 4, 0),))
     with pytest.raises(ValueError):  # a size the kernel cannot read
         rec(((_claunch.P_F32, 1, 2, 0),), checks=(None, (0.0, 1.0), None))
+    with pytest.raises(ValueError):  # allocation 1 of 1
+        rec(((_claunch.P_ALLOC, 1, 8, 0),))
     with pytest.raises(ValueError):  # a result that is neither an allocation nor an argument
         rec(((_claunch.P_ARG, 2, 8, 0),), returns=((_claunch.P_F32, 0),))
     assert rec(((_claunch.P_ARG, 2, 8, 0),), returns=()) is None  # no result: no record
