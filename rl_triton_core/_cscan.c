@@ -10,8 +10,9 @@
  *               out0 = h (the return)
  *
  * Float32 data is computed in float32, as the GPU kernel computes it, by the fast walks
- * (fast_stream: a stream 16 steps a vector, with an in-register scan; fastcol_block: 16
- * time-major streams a vector). Float64 data is computed with the coefficients of
+ * (fast_stream: a stream 16 steps a vector, with an in-register scan, on AVX-512 as
+ * masked rounds in fast_units512, where a few long streams are cut into segments for
+ * the threads and fixed up; fastcol_block: 16 time-major streams a vector). Float64 data is computed with the coefficients of
  * rl_triton_core/_cpu.py (_coefficients), in float64, in the same order of operations
  * and without fused multiply-adds (compiled with -ffp-contract=off): every output is bit
  * for bit the numba loop's.
@@ -882,6 +883,168 @@ static int fast_contiguous(const ctx_t *c) {
     return 1;
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define AVX512_TARGET target("avx512f,avx512dq,avx512vl,avx512bw")
+#define AVX512 __attribute__((AVX512_TARGET, noinline))
+#define AVX512_INLINE __attribute__((AVX512_TARGET, always_inline)) static inline
+
+/* The fast row walk's inner vectors on AVX-512, for contiguous arrays and gamma and
+ * lambda numbers: one path for every vector below a stream's top one, flags or none.
+ * Every beta is gamma lambda or 0 (a done step), so scan16's products B are those of
+ * the flag-free stream (bconst_t) except in the lanes whose window holds a done step,
+ * where they are 0. Those lanes come from the flags' bits as 16-bit masks (a done step
+ * in [i, i + 2^k): shifts and ors of the mask), and each round is a masked add: the same
+ * operations on the same values as scan16, so the same bits, without computing B or
+ * testing for flags (at 2% flags, 28% of the vectors hold one). */
+typedef struct {
+    __m512 B[5];
+    __mmask16 uz[5]; /* lanes whose flag-free product underflowed to 0 */
+    __m512 gv, lv;
+    int gae, bytes;
+} k512_t;
+
+typedef struct {
+    const float *x, *v, *nv;
+    const char *te, *tr;
+    float *o0, *o1;
+} chain512_t;
+
+INLINE chain512_t chain512_of(const views_t *f) {
+    chain512_t ch = {(const float *)f->x.p, (const float *)f->v.p, (const float *)f->nv.p,
+                     f->te.p, f->tr.p, (float *)f->o0.p, (float *)f->o1.p};
+    return ch;
+}
+
+/* the 16 steps [t, t + 16) (t + 16 < T) from the h of the vector above (its lane 0 the
+ * carry): their h, stored */
+AVX512_INLINE __m512 vec512(const k512_t *k, const chain512_t *ch, ssz t, __m512 above, unsigned *cut) {
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 x = _mm512_loadu_ps(ch->x + t);
+    const __m512 v = ch->v ? _mm512_loadu_ps(ch->v + t) : zero;
+    const __m512 nv = ch->nv ? _mm512_loadu_ps(ch->nv + t) /* V' = V_{t+1} */
+                             : ch->v ? _mm512_loadu_ps(ch->v + t + 1) : zero;
+    __mmask16 te, tr = 0; /* set where nonzero: bytes, or float32 bits without the sign */
+    if (k->bytes) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(ch->te + t));
+        te = _mm_test_epi8_mask(b, b);
+        if (ch->tr) {
+            const __m128i u = _mm_loadu_si128((const __m128i *)(ch->tr + t));
+            tr = _mm_test_epi8_mask(u, u);
+        }
+    } else {
+        const __m512i nosign = _mm512_set1_epi32(0x7fffffff);
+        te = _mm512_test_epi32_mask(_mm512_loadu_si512(ch->te + 4 * t), nosign);
+        if (ch->tr) tr = _mm512_test_epi32_mask(_mm512_loadu_si512(ch->tr + 4 * t), nosign);
+    }
+    const unsigned done = (unsigned)te | tr;
+    __m512 a; /* alpha: coefs16's operations */
+    if (k->gae) {
+        a = _mm512_sub_ps(_mm512_add_ps(x, _mm512_maskz_mul_ps((__mmask16)~te, k->gv, nv)), v);
+    } else {
+        const __m512 lc = _mm512_maskz_mov_ps((__mmask16)~done, k->lv);
+        const __m512 g1 = _mm512_mul_ps(k->gv, _mm512_sub_ps(_mm512_set1_ps(1.0f), lc));
+        a = _mm512_add_ps(x, _mm512_maskz_mul_ps((__mmask16)~te, g1, nv));
+    }
+    /* lane i takes lane i + s, past 15 zero; a lane whose window holds a done step keeps a */
+    const unsigned w1 = done | (done >> 1), w2 = w1 | (w1 >> 2), w3 = w2 | (w2 >> 4);
+    const unsigned w4 = w3 | (w3 >> 8);
+#define ROUND512(J, WIN, ...)                                                          \
+    a = _mm512_mask_add_ps(                                                           \
+        a, (__mmask16) ~((WIN) | k->uz[J]), a,                                        \
+        _mm512_mul_ps(k->B[J],                                                        \
+                      _mm512_permutex2var_ps(a, _mm512_setr_epi32(__VA_ARGS__), zero)))
+    ROUND512(0, done, SHIFT1);
+    ROUND512(1, w1, SHIFT2);
+    ROUND512(2, w2, SHIFT4);
+    ROUND512(3, w3, SHIFT8);
+#undef ROUND512
+    const __m512 cv = _mm512_permutexvar_ps(_mm512_setzero_si512(), above);
+    const __m512 h = _mm512_mask_add_ps(a, (__mmask16) ~(w4 | k->uz[4]), a,
+                                        _mm512_mul_ps(k->B[4], cv));
+    *cut = (w4 | k->uz[4]) & 1; /* lane 0 (the next vector's carry) did not take this one's */
+    _mm512_storeu_ps(ch->o0 + t, h);
+    if (ch->o1) _mm512_storeu_ps(ch->o1 + t, _mm512_add_ps(h, v));
+    return h;
+}
+
+AVX512_INLINE k512_t k512_of(const ctx_t *c, const bconst_t *kc) {
+    k512_t k;
+    for (int j = 0; j < 5; j++) {
+        k.B[j] = (__m512)kc->B[j];
+        k.uz[j] = 0;
+        for (int i = 0; i < 16; i++) k.uz[j] |= (unsigned)(kc->Z[j][i] != 0) << i;
+    }
+    k.gv = _mm512_set1_ps((float)c->gs);
+    k.lv = _mm512_set1_ps((float)c->lms);
+    k.gae = c->mode == MODE_GAE;
+    k.bytes = c->te.kind == K_I8;
+    return k;
+}
+
+/* Work units [lo, hi) of a contiguous call with gamma and lambda numbers (kc: their
+ * flag-free products): unit u is segment u % S of stream u / S. A stream's vectors
+ * (vector j: steps [16 j, 16 j + 16), the top one maybe fewer) are cut into S segments
+ * of c->seg vectors (S > 1: a few long streams on more threads); a segment below the top
+ * one starts from h = 0, and fast_fixup512 later recomputes its first vectors from the
+ * true carry. */
+AVX512 static void fast_units512(const ctx_t *c, ssz lo, ssz hi, const bconst_t *kc) {
+    const ssz T = c->T, S = c->S;
+    const ssz q = (T - 1) / 16, t0 = 16 * q, m = T - t0;
+    const k512_t k = k512_of(c, kc);
+    tries_t tries = {0, 0};
+    const v16f zero = {0};
+    unsigned cut;
+    for (ssz u = lo; u < hi; u++) {
+        const ssz n = u / S, sg = u % S;
+        const ssz jlo = sg * c->seg, jtop = jlo + c->seg - 1 < q ? jlo + c->seg - 1 : q;
+        const views_t f = views_of(c, n, 1);
+        const chain512_t ch = chain512_of(&f);
+        __m512 h = _mm512_setzero_ps();
+        ssz j = jtop;
+        if (jtop == q) { /* the stream's top 16 steps, or fewer: the generic path */
+            const float boot = !c->has_nv && c->has_boot
+                                   ? (float)get1(&c->boot, off3(&c->boot, n, c->N2))
+                                   : 0.0f;
+            h = (__m512)fast16(c, &f, t0, m, zero, boot, k.gae, 1, NULL, &tries);
+            j--;
+        }
+        for (; j >= jlo; j--) h = vec512(&k, &ch, 16 * j, h, &cut);
+    }
+}
+
+/* The segments below each stream's top one, in scan order: their first vectors again,
+ * from the true carry (the h of the step above, as stored), down to the first whose
+ * lane 0 did not take its carry; from there on, every carry was already the true one.
+ * The same operations on the same values as one pass down the stream: the same bits. */
+AVX512 static void fast_fixup512(const ctx_t *c, const bconst_t *kc) {
+    const ssz N = c->N1 * c->N2, S = c->S;
+    const k512_t k = k512_of(c, kc);
+    unsigned cut = 0;
+    for (ssz n = 0; n < N; n++) {
+        const views_t f = views_of(c, n, 1);
+        const chain512_t ch = chain512_of(&f);
+        for (ssz sg = S - 2; sg >= 0; sg--) {
+            const ssz jlo = sg * c->seg, jtop = jlo + c->seg - 1;
+            __m512 h = _mm512_set1_ps(ch.o0[16 * (jtop + 1)]);
+            cut = 0;
+            for (ssz j = jtop; j >= jlo && !cut; j--) h = vec512(&k, &ch, 16 * j, h, &cut);
+        }
+    }
+}
+#endif
+
+/* the call's row walk takes fast_units512: AVX-512, every array contiguous, gamma and
+ * lambda numbers */
+static int fast512(const ctx_t *c) {
+#if defined(__x86_64__)
+    return use_vec8 && fast_contiguous(c) && !c->g_t && !c->l_t;
+#else
+    (void)c;
+    return 0;
+#endif
+}
+
 /* streams [lo, hi), the loop compiled once per mode, contiguous or not */
 INLINE void fast_streams(const ctx_t *c, ssz lo, ssz hi) {
     const int gae = c->mode == MODE_GAE, cont = fast_contiguous(c);
@@ -891,6 +1054,12 @@ INLINE void fast_streams(const ctx_t *c, ssz lo, ssz hi) {
     const bconst_t *kp = !c->g_t && !c->l_t ? &kc : NULL;
 #define STREAMS(G, C)                                                                 \
     for (ssz n = lo; n < hi; n++) fast_stream(c, n, G, C, kp, &tries)
+#if defined(__x86_64__)
+    if (fast512(c)) {
+        fast_units512(c, lo, hi, &kc);
+        return;
+    }
+#endif
     if (gae && cont) STREAMS(1, 1);
     else if (gae) STREAMS(1, 0);
     else if (cont) STREAMS(0, 1);
@@ -1050,7 +1219,7 @@ static void pool_job(void *arg) {
 
 static int run_all(ctx_t *c, int threads) {
     const ssz units = c->columns ? c->nblocks
-                      : c->fast  ? c->N1 * c->N2
+                      : c->fast  ? c->N1 * c->N2 * c->S
                                  : (c->nlanes + W - 1) / W;
     if (threads > units) threads = (int)units;
     if (threads < 1) threads = 1;
@@ -1064,6 +1233,12 @@ static int run_all(ctx_t *c, int threads) {
     job.failed = 0;
     pool_run(pool_job, &job, threads);
     const int failed = job.failed;
+#if VEC8 && defined(__x86_64__)
+    if (!failed && c->fast && c->S > 1) {
+        const bconst_t kc = bconst_of((float)c->gs * (float)c->lms);
+        fast_fixup512(c, &kc);
+    }
+#endif
     if (!failed && c->h_end && c->S > 1) {
         rowbuf_t *bf = rowbuf_new(c);
         if (!bf) return 1;
@@ -1118,6 +1293,7 @@ static const char *const NAMES[10] = {"out0", "out1", "x", "v", "nv", "term", "t
 /* The walk and its work units for a call whose arrays are in c (shapes, strides, kinds):
  * the fast row walk, the column walk or the row walk (with segments for a few long
  * streams). Depends on the shapes, strides and dtypes only, so a recorded call keeps it. */
+#define FAST_SEG 128 /* vectors: 2,048 steps */
 static void plan_walk(ctx_t *c, int threads) {
     const ssz N = c->N1 * c->N2, T = c->T;
     /* the rewards' contiguous axis decides the walk */
@@ -1135,6 +1311,15 @@ static void plan_walk(ctx_t *c, int threads) {
         c->S = 1;
         c->seg = T;
         c->nlanes = N;
+        /* a few long streams on more threads: each cut into segments of whole vectors
+         * (at least FAST_SEG of them), fixed up after (fast_units512) */
+        const ssz nvec = (T + 15) / 16;
+        if (N < threads && fast512(c) && nvec >= 2 * FAST_SEG) {
+            ssz S = (threads + N - 1) / N;
+            if (S > nvec / FAST_SEG) S = nvec / FAST_SEG;
+            c->seg = (nvec + S - 1) / S;
+            c->S = (nvec + c->seg - 1) / c->seg;
+        }
     } else if (c->fastcol) {
         c->nblocks = c->N2 > 1 ? c->N1 * ((c->N2 + WF - 1) / WF) : (c->N1 + WF - 1) / WF;
         c->S = 1;
@@ -1159,9 +1344,9 @@ static void plan_walk(ctx_t *c, int threads) {
  * only large calls (starting one costs tens of us on a virtual machine, and one that
  * shares a core with a spinning OpenMP worker of torch's loses a whole time slice, see
  * _cpool.h); with torch's OpenMP team, whose workers are already running, from calls of
- * about 0.1 ms. */
+ * about 20 us (RLlib's 100,000-step stream: 36 us on one thread, 21 on two). */
 #ifndef MIN2_GOMP
-#define MIN2_GOMP (1 << 17)
+#define MIN2_GOMP (1 << 16)
 #endif
 #define MIN2_OWN (1 << 21)
 static int threads_for(const ctx_t *c, int threads) {

@@ -241,6 +241,64 @@ def test_segmented_stream_fixup_is_exact(resets, monkeypatch):
         assert _bitwise(got, want), f"{resets} threads={threads}"
 
 
+@pytest.mark.parametrize("resets", ["none", "sparse", "episodes", "every-step", "segment-edges"])
+@pytest.mark.parametrize("name", ["gae", "lambda_returns", "discounted_returns"])
+def test_fast_walk_avx512_equals_generic(name, resets):
+    """The fast row walk's AVX-512 path (masked rounds, long streams cut into segments on
+    two threads and fixed up) gives the generic fast walk's bits: flat streams and rows,
+    byte and float flags, next values and bootstraps, NaN and inf behind done steps."""
+    from rl_triton_core import _cscan
+
+    if not WALK["fast"]:
+        pytest.skip("compares two fast walks")
+    was = _cscan.use_vector(True)
+    has512 = _cscan.use_vector(was)
+    if not has512:
+        pytest.skip("the CPU has no AVX-512")
+    g = _gen(hash((name, resets)) % 10_000)
+    for shape, td in (((70_003,), -1), ((9, 4099), -1), ((37, 130, 1), -2)):
+        T = shape[td]
+        r, v = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+        te = torch.zeros(shape, dtype=torch.bool)
+        tr = torch.zeros(shape, dtype=torch.bool)
+        if resets == "sparse":
+            te.view(-1)[torch.randint(0, te.numel(), (5,), generator=g)] = True
+        elif resets == "episodes":
+            te = torch.rand(shape, generator=g) < 0.003
+            tr = torch.rand(shape, generator=g) < 0.003
+        elif resets == "every-step":
+            te[:] = True
+        elif resets == "segment-edges":  # done steps around every 16-step and segment edge
+            idx = torch.tensor([k + d for k in range(16, T, 2048) for d in (-17, -16, -1, 0, 15)
+                                if 0 <= k + d < T])
+            te.index_fill_(td % r.dim(), idx, True)
+        if resets != "none":  # non-finite values behind done steps: cut, never carried
+            r.masked_fill_(te & (torch.rand(shape, generator=g) < 0.5), float("inf"))
+        kw = dict(time_dim=td, gamma=0.99, lmbda=0.95)
+        if shape == (9, 4099):
+            kw["bootstrap_value"] = torch.randn(9, generator=g)
+            te, tr = te.float(), tr.float() * -2.0
+        if len(shape) == 3:
+            kw["next_values"] = torch.randn(shape, generator=g)
+        got = {}
+        for vec in (True, False):
+            was = _cscan.use_vector(vec)
+            _dispatch._PLANS.clear()
+            try:
+                for threads in (1, 2):
+                    with rc.tuning(cpu_threads=threads):
+                        got[vec, threads] = _as_tuple(_call(name, r, v, te, tr, kw))
+            finally:
+                _cscan.use_vector(was)
+                _dispatch._PLANS.clear()
+        ctx = f"{name} {resets} {shape} seed={SEED}"
+        for key, x in got.items():
+            assert _bitwise(x, got[False, 1]), f"{ctx} {key}: bits differ"
+        expect = _as_tuple(_ref(name, r, v, te, tr, kw))
+        for x, e in zip(got[True, 2], expect):
+            np.testing.assert_allclose(x.numpy(), e.numpy(), rtol=1e-4, atol=1e-4, err_msg=ctx)
+
+
 def test_c_kernel_runs_without_numba():
     """A fresh process computes GAE and TD(lambda) on the C kernel without importing
     numba, and the first calls take no background loading."""
