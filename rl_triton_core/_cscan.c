@@ -916,14 +916,22 @@ INLINE chain512_t chain512_of(const views_t *f) {
     return ch;
 }
 
-/* the 16 steps [t, t + 16) (t + 16 < T) from the h of the vector above (its lane 0 the
- * carry): their h, stored */
-AVX512_INLINE __m512 vec512(const k512_t *k, const chain512_t *ch, ssz t, __m512 above, unsigned *cut) {
+/* the 16 steps [t, t + 16) from the h of the vector above (its lane 0 the carry): their
+ * h, stored. top: the stream's last 16 steps (t + 16 = T; above 0): V' of the last is
+ * the bootstrap `boot` (or 0), and TD(lambda)'s l' is 0 there */
+AVX512_INLINE __m512 vec512(const k512_t *k, const chain512_t *ch, ssz t, __m512 above,
+                            unsigned *cut, const int top, const float boot) {
     const __m512 zero = _mm512_setzero_ps();
     const __m512 x = _mm512_loadu_ps(ch->x + t);
     const __m512 v = ch->v ? _mm512_loadu_ps(ch->v + t) : zero;
-    const __m512 nv = ch->nv ? _mm512_loadu_ps(ch->nv + t) /* V' = V_{t+1} */
-                             : ch->v ? _mm512_loadu_ps(ch->v + t + 1) : zero;
+    __m512 nv; /* V' = V_{t+1} */
+    if (ch->nv) {
+        nv = _mm512_loadu_ps(ch->nv + t);
+    } else {
+        nv = !ch->v ? zero : top ? _mm512_maskz_loadu_ps(0x7fff, ch->v + t + 1)
+                                 : _mm512_loadu_ps(ch->v + t + 1);
+        if (top) nv = _mm512_mask_mov_ps(nv, 0x8000, _mm512_set1_ps(boot));
+    }
     __mmask16 te, tr = 0; /* set where nonzero: bytes, or float32 bits without the sign */
     if (k->bytes) {
         const __m128i b = _mm_loadu_si128((const __m128i *)(ch->te + t));
@@ -937,11 +945,12 @@ AVX512_INLINE __m512 vec512(const k512_t *k, const chain512_t *ch, ssz t, __m512
         te = _mm512_test_epi32_mask(_mm512_loadu_si512(ch->te + 4 * t), nosign);
         if (ch->tr) tr = _mm512_test_epi32_mask(_mm512_loadu_si512(ch->tr + 4 * t), nosign);
     }
-    const unsigned done = (unsigned)te | tr;
+    unsigned done = (unsigned)te | tr;
     __m512 a; /* alpha: coefs16's operations */
     if (k->gae) {
         a = _mm512_sub_ps(_mm512_add_ps(x, _mm512_maskz_mul_ps((__mmask16)~te, k->gv, nv)), v);
     } else {
+        if (top) done |= 0x8000; /* no successor: l' = 0, so beta = 0 */
         const __m512 lc = _mm512_maskz_mov_ps((__mmask16)~done, k->lv);
         const __m512 g1 = _mm512_mul_ps(k->gv, _mm512_sub_ps(_mm512_set1_ps(1.0f), lc));
         a = _mm512_add_ps(x, _mm512_maskz_mul_ps((__mmask16)~te, g1, nv));
@@ -1002,14 +1011,17 @@ AVX512 static void fast_units512(const ctx_t *c, ssz lo, ssz hi, const bconst_t 
         const chain512_t ch = chain512_of(&f);
         __m512 h = _mm512_setzero_ps();
         ssz j = jtop;
-        if (jtop == q) { /* the stream's top 16 steps, or fewer: the generic path */
+        if (jtop == q) { /* the stream's top 16 steps (fewer: the generic path) */
             const float boot = !c->has_nv && c->has_boot
                                    ? (float)get1(&c->boot, off3(&c->boot, n, c->N2))
                                    : 0.0f;
-            h = (__m512)fast16(c, &f, t0, m, zero, boot, k.gae, 1, NULL, &tries);
+            if (m == 16)
+                h = vec512(&k, &ch, t0, h, &cut, 1, boot);
+            else
+                h = (__m512)fast16(c, &f, t0, m, zero, boot, k.gae, 1, NULL, &tries);
             j--;
         }
-        for (; j >= jlo; j--) h = vec512(&k, &ch, 16 * j, h, &cut);
+        for (; j >= jlo; j--) h = vec512(&k, &ch, 16 * j, h, &cut, 0, 0.0f);
     }
 }
 
@@ -1028,7 +1040,8 @@ AVX512 static void fast_fixup512(const ctx_t *c, const bconst_t *kc) {
             const ssz jlo = sg * c->seg, jtop = jlo + c->seg - 1;
             __m512 h = _mm512_set1_ps(ch.o0[16 * (jtop + 1)]);
             cut = 0;
-            for (ssz j = jtop; j >= jlo && !cut; j--) h = vec512(&k, &ch, 16 * j, h, &cut);
+            for (ssz j = jtop; j >= jlo && !cut; j--)
+                h = vec512(&k, &ch, 16 * j, h, &cut, 0, 0.0f);
         }
     }
 }

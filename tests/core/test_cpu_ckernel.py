@@ -256,7 +256,9 @@ def test_fast_walk_avx512_equals_generic(name, resets):
     if not has512:
         pytest.skip("the CPU has no AVX-512")
     g = _gen(hash((name, resets)) % 10_000)
-    for shape, td in (((70_003,), -1), ((9, 4099), -1), ((37, 130, 1), -2)):
+    # lengths off and on the 16-step vectors (a stream's top vector partial or whole)
+    for shape, td in (((70_003,), -1), ((70_000,), -1), ((9, 4099), -1), ((9, 4096), -1),
+                      ((37, 130, 1), -2), ((37, 128, 1), -2)):
         T = shape[td]
         r, v = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
         te = torch.zeros(shape, dtype=torch.bool)
@@ -275,7 +277,7 @@ def test_fast_walk_avx512_equals_generic(name, resets):
         if resets != "none":  # non-finite values behind done steps: cut, never carried
             r.masked_fill_(te & (torch.rand(shape, generator=g) < 0.5), float("inf"))
         kw = dict(time_dim=td, gamma=0.99, lmbda=0.95)
-        if shape == (9, 4099):
+        if len(shape) == 2:
             kw["bootstrap_value"] = torch.randn(9, generator=g)
             te, tr = te.float(), tr.float() * -2.0
         if len(shape) == 3:
