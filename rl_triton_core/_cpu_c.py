@@ -87,7 +87,10 @@ def key(prefix: bytes, args: tuple, time_dim, tuning):
     return _cscan.key(prefix, args, time_dim, tuning) if replay is not None else None
 
 
-def recording(prepared, addr, num, lo, hi):
+def recording(prepared, addr, num, lo, hi, extents=None):
     """A :func:`prepare`-d call and where the user's arguments go (see ``_cscan``), as
-    bytes for :data:`replay`."""
-    return _cscan.recording(prepared, addr, num, lo, hi)
+    bytes for :data:`replay`; ``extents`` (an out= call, whose outputs are arguments 0
+    and 1 of ``addr``): each argument's bytes from its address, 0 for no tensor."""
+    if extents is None:
+        return _cscan.recording(prepared, addr, num, lo, hi)
+    return _cscan.recording(prepared, addr, num, lo, hi, extents)

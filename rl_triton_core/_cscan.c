@@ -1558,6 +1558,7 @@ typedef struct {
     int8_t addr[KEY_ARGS]; /* argument -> the scan's array (0..9), or -1 */
     int8_t num[KEY_ARGS];  /* argument -> 0 gamma, 1 lambda (numbers), or -1 */
     double lo[KEY_ARGS], hi[KEY_ARGS]; /* a number's range (else the Python path) */
+    int64_t extent[KEY_ARGS]; /* an out= call: each tensor's bytes from its address */
 } replay_t;
 
 /* The key of a call (prefix, then per argument its kind and, for a tensor, its dtype,
@@ -1667,17 +1668,18 @@ static PyObject *key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * (tuples of equal length), the scan's array it is (-1: none), the number it is (0
  * gamma, 1 lambda, -1: none) and that number's range. */
 static PyObject *recording(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyBytes_Check(args[0]) ||
+    if ((nargs != 5 && nargs != 6) || !PyBytes_Check(args[0]) ||
         PyBytes_GET_SIZE(args[0]) != (Py_ssize_t)sizeof(prepared_t)) {
-        PyErr_SetString(PyExc_TypeError, "_cscan.recording(prepared, addr, num, lo, hi)");
+        PyErr_SetString(PyExc_TypeError,
+                        "_cscan.recording(prepared, addr, num, lo, hi[, extents])");
         return NULL;
     }
     replay_t rp;
     memset(&rp, 0, sizeof(rp));
     memcpy(&rp.pr, PyBytes_AS_STRING(args[0]), sizeof(prepared_t));
-    for (int j = 1; j < 5; j++)
+    for (int j = 1; j < nargs; j++)
         if (!PyTuple_Check(args[j]) || PyTuple_GET_SIZE(args[j]) != PyTuple_GET_SIZE(args[1])) {
-            PyErr_SetString(PyExc_TypeError, "_cscan.recording: four tuples of equal length");
+            PyErr_SetString(PyExc_TypeError, "_cscan.recording: tuples of equal length");
             return NULL;
         }
     const Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
@@ -1695,6 +1697,10 @@ static PyObject *recording(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         rp.addr[i] = (int8_t)a;
         rp.num[i] = (int8_t)m;
+        if (nargs == 6) {
+            rp.extent[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[5], i));
+            if (rp.extent[i] == -1 && PyErr_Occurred()) return NULL;
+        }
     }
     return PyBytes_FromStringAndSize((const char *)&rp, sizeof(rp));
 }
@@ -1799,6 +1805,29 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *shape = PyTuple_GET_ITEM(rec, 1), *dtype = PyTuple_GET_ITEM(rec, 2);
     const int two = PyTuple_GET_ITEM(rec, 4) == Py_True;
+    if (shape == Py_None) { /* an out= call: the scan writes into the user's tensors */
+        PyObject *given[2] = {NULL, NULL};
+        for (Py_ssize_t o = 0; o < rp->nargs; o++) {
+            if (rp->addr[o] != 0 && rp->addr[o] != 1) continue;
+            given[rp->addr[o]] = PyTuple_GET_ITEM(call_args, o);
+            /* none may share memory with another tensor of the call (the Python path
+             * raises the error): the addresses and the extents the key fixes */
+            const uintptr_t lo = (uintptr_t)dl[o].data, hi = lo + (uintptr_t)rp->extent[o];
+            for (Py_ssize_t i = 0; i < rp->nargs; i++) {
+                if (i == o || !rp->extent[i] ||
+                    !Py_IS_TYPE(PyTuple_GET_ITEM(call_args, i), tensor_type))
+                    continue;
+                const uintptr_t q0 = (uintptr_t)dl[i].data, q1 = q0 + (uintptr_t)rp->extent[i];
+                if (q0 < hi && lo < q1) goto none;
+            }
+        }
+        if (!given[0] || (two && !given[1])) goto none;
+        if (!two && c->o1.p) c->o1.p = c->o0.p;
+        if (execute(c, pr.threads) < 0) goto fail;
+        res = two ? PyTuple_Pack(2, given[0], given[1]) : (Py_INCREF(given[0]), given[0]);
+        Py_DECREF(rec);
+        return res;
+    }
     char *p0, *p1 = NULL;
     if (!(out0 = new_output(shape, dtype, &p0))) goto fail;
     if (two && !(out1 = new_output(shape, dtype, &p1))) goto fail;
@@ -2110,9 +2139,10 @@ static PyMethodDef methods[] = {
      "key(prefix, args, time_dim, tuning): the key replay() looks a call up by (bytes), "
      "or None where the call has none."},
     {"recording", (PyCFunction)(void (*)(void))recording, METH_FASTCALL,
-     "recording(prepared, addr, num, lo, hi): a prepared call and, per argument of the "
-     "user's call, the scan's array it is (or -1), the number it is (0 gamma, 1 lambda, "
-     "or -1) and that number's range; bytes for replay()."},
+     "recording(prepared, addr, num, lo, hi[, extents]): a prepared call and, per "
+     "argument of the user's call, the scan's array it is (or -1; 0 and 1 for out= "
+     "tensors), the number it is (0 gamma, 1 lambda, or -1), that number's range and, "
+     "for an out= call, each tensor's extent in bytes; bytes for replay()."},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
      "replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds "
      "(recording, shape, dtype, tuning, two_out) under key(prefix, args, time_dim, "

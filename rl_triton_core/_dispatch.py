@@ -18,6 +18,7 @@ import torch
 from rl_triton_core import _claunch, _config, _cpu_c
 from rl_triton_core._layout import Layout, _np_view
 from rl_triton_core._table import COEF_RANGE
+from rl_triton_core._validate import extent
 
 _BACKENDS = ("auto", "triton", "cpu")
 _PLANS: dict = {}  # cache key -> _launch.Plan
@@ -160,8 +161,8 @@ def run(mode, layout: Layout, out_dtype, device, ins: dict, coefs: dict, *, reve
             _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx,
                         out_dtype, out is not None, tune)
     else:
-        _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune,
-                 fast if out is None else None, like_idx)
+        _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast, like_idx,
+                 out is not None)
     if user is not None:
         user[0].copy_(out0)
         if two_out:
@@ -209,9 +210,12 @@ def _s(value):
     return 1.0 if value is None else value
 
 
-def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, like_idx=None):
+def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, like_idx=None,
+             user_out=False):
     """The numba scan (or, for a variant's first call, its numpy stand-in) into ``out0``
-    and ``out1``; with ``fast`` (see :func:`run`), records the call as a :class:`CpuPlan`."""
+    and ``out1``; with ``fast`` (see :func:`run`), records the call as a :class:`CpuPlan`
+    (``user_out``: ``out0`` and ``out1`` are the user's out= tensors: only the C replay
+    records it, writing into the next call's out= tensors)."""
     from rl_triton_core import _cpu_first
 
     N1, N2, T = layout.N1, layout.N2, layout.T
@@ -261,8 +265,10 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, lik
     if _cpu_c.handles(key) and _cpu_c.run(key, args, tune.cpu_threads):
         # the C kernel (built at install time): no JIT, no background loading
         if fast is not None and fast[0] is not None and direct:
-            _store(fast[0], CpuPlan.record(fast, None, key, args, ins, coefs, out0, out1,
-                                           like_idx, layout, tune.cpu_threads))
+            plan = CpuPlan.record(fast, None, key, args, ins, coefs, out0, out1, like_idx,
+                                  layout, tune.cpu_threads, user_out)
+            if not user_out:  # (an out= call's plan is its C recording alone)
+                _store(fast[0], plan)
     elif (_cpu_first.handles(key) and not _cpu_first.ready(key) and _cpu_first.enabled()
             and _cpu_first.gae(key, *args[:12])):
         # numba not loaded yet for this variant: numpy computed it (bit for bit the same);
@@ -275,7 +281,7 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, lik
         fn = _cpu.kernel(*key)
         _cpu.run(fn, args, layout.N, T, tune.cpu_threads)
         _cpu_first._READY.add(key)
-        if fast is not None and fast[0] is not None and direct:
+        if fast is not None and fast[0] is not None and direct and not user_out:
             _store(fast[0], CpuPlan.record(fast, fn, key, args, ins, coefs, out0, out1,
                                            like_idx, layout, tune.cpu_threads))
     if not direct:
@@ -298,6 +304,8 @@ def _store(key, plan):
 
 # numba argument position of each input slot (see ``args`` in :func:`_run_cpu`)
 _CPU = torch.device("cpu")
+# a CPU out= call was recorded for the C replay (the front door looks out= calls up then)
+out_recorded = False
 _CPU_POS = {"x": 2, "v": 3, "nv": 4, "term": 5, "trunc": 6, "boot": 7, "init": 12, "rho": 13}
 _CPU_NUM_POS = {"g": 10, "lm": 11, "rb": 17, "cb": 18, "pb": 19}
 
@@ -316,15 +324,19 @@ def c_prefix(name: str) -> bytes:
     return name.encode() + b"/"
 
 
-def _record_c(fast, p, out0, out1):
+def _record_c(fast, p, out0, out1, user_out=False):
     """Store the C replay's recording of CpuPlan ``p`` beside it, under the C key of the
-    call, where the C replay can repeat it: the outputs contiguous (it allocates them
-    with torch.empty), no input that requires grad."""
+    call, where the C replay can repeat it: no input that requires grad; the outputs
+    contiguous (it allocates them with torch.empty), or, for an out= call
+    (``user_out``), the user's out= tensors, whose overlap with the other tensors the
+    C replay checks on each call from the extents recorded here."""
+    global out_recorded
     key, raw, _ = fast
     (name, _, time_dim), tune = key[0], key[1]
-    args = raw[:-2]  # the out= slots (None) left out: the C replay gets the arguments
-    if any(a[2] for a in p.arrays) or not out0.is_contiguous() or (
-            out1 is not None and not out1.is_contiguous()):
+    # the C replay gets the arguments, and the out= slots where there are out= tensors
+    args = raw if user_out else raw[:-2]
+    if any(a[2] for a in p.arrays) or (not user_out and (not out0.is_contiguous() or (
+            out1 is not None and not out1.is_contiguous()))):
         return
     ckey = _cpu_c.key(c_prefix(name), args, time_dim, tune)
     if ckey is None:
@@ -337,9 +349,18 @@ def _record_c(fast, p, out0, out1):
         num[idx] = pos - 10  # 10: gamma, 11: lambda (the only numbers of the C kernel)
     for idx, lo_, hi_ in p.checks:
         lo[idx], hi[idx] = float(lo_), float(hi_)
-    rec = _cpu_c.recording(p.prepared, tuple(addr), tuple(num), tuple(lo), tuple(hi))
+    extents = None
+    if user_out:
+        addr[n - 2] = 0  # the out= slots: the scan's outputs
+        if out1 is not None:
+            addr[n - 1] = 1
+        extents = tuple(extent(t) if type(t) is torch.Tensor else 0 for t in args)
+    rec = _cpu_c.recording(p.prepared, tuple(addr), tuple(num), tuple(lo), tuple(hi),
+                           extents)
     if rec is not None:
-        _store(ckey, (rec, tuple(out0.shape), out0.dtype, tune, out1 is not None))
+        shape = None if user_out else tuple(out0.shape)  # None: write into the out= tensors
+        _store(ckey, (rec, shape, out0.dtype, tune, out1 is not None))
+        out_recorded = out_recorded or user_out
 
 
 class CpuPlan:
@@ -356,10 +377,11 @@ class CpuPlan:
 
     @classmethod
     def record(cls, fast, fn, kernel_key, args, ins, coefs, out0, out1, like_idx, layout,
-               threads):
+               threads, user_out=False):
         """The plan of a call that just ran the numba scan on CPU tensors of the user's
         (None where a tensor was converted or copied, a coefficient is a tensor, whose
-        range the full path checks by value, or an output is not a fresh tensor)."""
+        range the full path checks by value, or an output is neither a fresh tensor nor,
+        with ``user_out``, the user's out= tensor written in place)."""
         _, raw, index = fast
         if out0.device.type != "cpu":
             return None
@@ -410,7 +432,7 @@ class CpuPlan:
         p.prepared = _cpu_c.prepare(kernel_key, args, threads) if fn is None else None
         p.gl = [template[10], template[11]]
         if p.prepared is not None:
-            _record_c(fast, p, out0, out1)
+            _record_c(fast, p, out0, out1, user_out)
         return p
 
     def __call__(self, raw):

@@ -48,9 +48,9 @@ def _front(spec, args: tuple, time_dim, out):
     the checked full path."""
     if torch.compiler.is_compiling():  # one custom op per estimator in the traced graph
         return _ops.call(spec, args + _call.out_slots(out, spec.n_out), time_dim, out)
-    if _replay is not None and (out is None or _claunch.recorded):
-        # a recorded call repeated in C (CPU calls; CUDA calls, also with out=, where the
-        # C launch recorded one)
+    if _replay is not None and (out is None or _claunch.recorded or _dispatch.out_recorded):
+        # a recorded call repeated in C (CPU calls, also with out=, where one was recorded;
+        # CUDA calls, also with out=, where the C launch recorded one)
         res = _replay(_dispatch._PLANS, _PREFIX[spec.name],
                       args if out is None else args + _call.out_slots(out, spec.n_out),
                       time_dim, _config._current)

@@ -181,3 +181,73 @@ def test_a_negative_view_is_not_replayed(hits):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     again = rc.gae(neg, v, d, time_dim=-1)  # and again: no plan reads its memory either
     assert torch.equal(again[0], want[0]) and torch.equal(again[1], want[1])
+
+
+def _out_call(name, r, v, te, tr, kw, out):
+    if name == "discounted_returns":
+        kw = {k: x for k, x in kw.items() if k not in ("lmbda", "next_values")}
+        return rc.discounted_returns(r, te, tr, **kw, out=out)
+    return getattr(rc, name)(r, v, te, tr, **kw, out=out)
+
+
+def _poisoned(like, n, layout):
+    """n out= tensors shaped like ``like``, NaN-filled: contiguous, or every other
+    element of a wider tensor (a strided view)."""
+    outs = []
+    for _ in range(n):
+        if layout == "strided":
+            wide = torch.full(like.shape[:-1] + (2 * like.shape[-1],), float("nan"),
+                              dtype=like.dtype)
+            outs.append(wide[..., ::2])
+        else:
+            outs.append(torch.full_like(like, float("nan"), memory_format=torch.contiguous_format))
+    return outs
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("name", NAMES)
+def test_out_replay_writes_the_full_paths_bits(name, layout, hits, monkeypatch):
+    """A CPU call with out= is recorded for the C replay: a repeat with other out=
+    tensors (NaN-poisoned) of the same key writes the full path's bits into them and
+    returns them."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator().manual_seed(seed)
+    n_out = 2 if name == "gae" else 1
+    for i in range(8):
+        r, v, te, tr, kw = _case(g, i)
+        before = [t.clone() for t in (r, v, te, tr)]
+        want = _full(monkeypatch, lambda a=(r, v, te, tr, kw): _call(name, *a))
+        want = want if isinstance(want, tuple) else (want,)
+        for k in range(3):
+            outs = _poisoned(r, n_out, layout)
+            out = tuple(outs) if n_out == 2 else outs[0]
+            n = len(hits)
+            got = _out_call(name, r, v, te, tr, kw, out)
+            got = got if isinstance(got, tuple) else (got,)
+            ctx = f"{name} {layout} case {i} call {k} seed={seed}"
+            assert all(x is o for x, o in zip(got, outs)), ctx + ": not the out= tensors"
+            for x, w in zip(outs, want):
+                assert np.array_equal(x.numpy(), w.numpy(), equal_nan=True), ctx
+            if k and r.dtype == torch.float32 and r.is_contiguous():
+                assert len(hits) == n + 1, ctx + ": the C replay did not take it"
+        assert all(torch.equal(a, b) for a, b in zip((r, v, te, tr), before))
+
+
+def test_out_replay_still_refuses_overlap_and_grad(hits):
+    """A repeated out= call whose out= tensors share memory with an input or with each
+    other, or require grad, goes to the Python path, which raises as on the first call."""
+    r, v = torch.randn(4, 64), torch.randn(4, 64)
+    d = torch.rand(4, 64) < 0.1
+    r0 = r.clone()
+    o0, o1 = torch.empty(4, 64), torch.empty(4, 64)
+    rc.gae(r, v, d, time_dim=-1, out=(o0, o1))
+    rc.gae(r, v, d, time_dim=-1, out=(o0, o1))
+    assert len(hits) == 1
+    with pytest.raises(ValueError, match="overlaps"):
+        rc.gae(r, v, d, time_dim=-1, out=(r, o1))  # the same key: the rewards' memory
+    with pytest.raises(ValueError, match="overlap"):
+        rc.gae(r, v, d, time_dim=-1, out=(o0, o0))
+    with pytest.raises(RuntimeError, match="out="):
+        rc.gae(r, v, d, time_dim=-1, out=(o0, o1.clone().requires_grad_()))
+    assert len(hits) == 1
+    assert torch.equal(r, r0)  # the refused calls wrote nothing into the rewards
