@@ -10,9 +10,10 @@
  *               out0 = h (the return)
  *
  * Float32 data is computed in float32, as the GPU kernel computes it, by the fast walks
- * (fast_stream: a stream 16 steps a vector, with an in-register scan, on AVX-512 as
- * masked rounds in fast_units512, where a few long streams are cut into segments for
- * the threads and fixed up; fastcol_block: 16 time-major streams a vector). Float64 data is computed with the coefficients of
+ * (fast_stream: a stream 16 steps a vector, with an in-register scan whose compositions
+ * are fused multiply-adds, on AVX-512 as masked rounds in fast_units512, where a few
+ * long streams are cut into segments for the threads and fixed up; fastcol_block: 16
+ * time-major streams a vector). Float64 data is computed with the coefficients of
  * rl_triton_core/_cpu.py (_coefficients), in float64, in the same order of operations
  * and without fused multiply-adds (compiled with -ffp-contract=off): every output is bit
  * for bit the numba loop's.
@@ -569,6 +570,15 @@ INLINE void stf(char *p, ssz st, ssz t, ssz m, v16f x, const int cont) {
 #define SHIFT4 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16
 #define SHIFT8 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16, 16, 16, 16, 16
 
+/* b * x + a lane by lane, fused (one rounding): the fast row walk's compositions, on
+ * every path the same operation (the AVX-512 path's masked fused multiply-adds; gcc
+ * turns this loop into the vector instruction where the target has one) */
+INLINE v16f fma16(v16f b, v16f x, v16f a) {
+    v16f r;
+    for (int i = 0; i < 16; i++) r[i] = __builtin_fmaf(b[i], x[i], a[i]);
+    return r;
+}
+
 /* h of 16 steps from their alpha, beta and the carry cv (c in every lane) */
 INLINE v16f scan16(v16f a, v16f b, v16f cv) {
     const v16f zero = {0}, one = zero + 1.0f;
@@ -576,7 +586,7 @@ INLINE v16f scan16(v16f a, v16f b, v16f cv) {
     do {                                                                              \
         const v16i idx = {__VA_ARGS__};                                               \
         const v16f sa = __builtin_shuffle(a, zero, idx), sb = __builtin_shuffle(b, one, idx); \
-        a = sel16(b == 0.0f, a, a + b * sa);                                          \
+        a = sel16(b == 0.0f, a, fma16(b, sa, a));                                     \
         b = b * sb;                                                                   \
     } while (0)
     ROUND(SHIFT1);
@@ -584,7 +594,7 @@ INLINE v16f scan16(v16f a, v16f b, v16f cv) {
     ROUND(SHIFT4);
     ROUND(SHIFT8);
 #undef ROUND
-    return sel16(b == 0.0f, a, a + b * cv);
+    return sel16(b == 0.0f, a, fma16(b, cv, a));
 }
 
 /* whether any lane of m is set */
@@ -635,7 +645,7 @@ INLINE v16f scan16c(v16f a, const bconst_t *k, v16f cv) {
 #define CROUND(j, ...)                                                                \
     do {                                                                              \
         const v16i idx = {__VA_ARGS__};                                               \
-        const v16f ab = a + k->B[j] * __builtin_shuffle(a, zero, idx);                \
+        const v16f ab = fma16(k->B[j], __builtin_shuffle(a, zero, idx), a);           \
         a = k->uf ? sel16(k->Z[j], a, ab) : ab;                                       \
     } while (0)
     CROUND(0, SHIFT1);
@@ -643,7 +653,7 @@ INLINE v16f scan16c(v16f a, const bconst_t *k, v16f cv) {
     CROUND(2, SHIFT4);
     CROUND(3, SHIFT8);
 #undef CROUND
-    const v16f h = a + k->B[4] * cv;
+    const v16f h = fma16(k->B[4], cv, a);
     return k->uf ? sel16(k->Z[4], a, h) : h;
 }
 
@@ -894,8 +904,8 @@ static int fast_contiguous(const ctx_t *c) {
  * Every beta is gamma lambda or 0 (a done step), so scan16's products B are those of
  * the flag-free stream (bconst_t) except in the lanes whose window holds a done step,
  * where they are 0. Those lanes come from the flags' bits as 16-bit masks (a done step
- * in [i, i + 2^k): shifts and ors of the mask), and each round is a masked add: the same
- * operations on the same values as scan16, so the same bits, without computing B or
+ * in [i, i + 2^k): shifts and ors of the mask), and each round is a masked fused
+ * multiply-add: the same operations on the same values as scan16, so the same bits, without computing B or
  * testing for flags (at 2% flags, 28% of the vectors hold one). */
 typedef struct {
     __m512 B[5];
@@ -959,18 +969,16 @@ AVX512_INLINE __m512 vec512(const k512_t *k, const chain512_t *ch, ssz t, __m512
     const unsigned w1 = done | (done >> 1), w2 = w1 | (w1 >> 2), w3 = w2 | (w2 >> 4);
     const unsigned w4 = w3 | (w3 >> 8);
 #define ROUND512(J, WIN, ...)                                                          \
-    a = _mm512_mask_add_ps(                                                           \
-        a, (__mmask16) ~((WIN) | k->uz[J]), a,                                        \
-        _mm512_mul_ps(k->B[J],                                                        \
-                      _mm512_permutex2var_ps(a, _mm512_setr_epi32(__VA_ARGS__), zero)))
+    a = _mm512_mask3_fmadd_ps(                                                        \
+        k->B[J], _mm512_permutex2var_ps(a, _mm512_setr_epi32(__VA_ARGS__), zero), a,  \
+        (__mmask16) ~((WIN) | k->uz[J]))
     ROUND512(0, done, SHIFT1);
     ROUND512(1, w1, SHIFT2);
     ROUND512(2, w2, SHIFT4);
     ROUND512(3, w3, SHIFT8);
 #undef ROUND512
     const __m512 cv = _mm512_permutexvar_ps(_mm512_setzero_si512(), above);
-    const __m512 h = _mm512_mask_add_ps(a, (__mmask16) ~(w4 | k->uz[4]), a,
-                                        _mm512_mul_ps(k->B[4], cv));
+    const __m512 h = _mm512_mask3_fmadd_ps(k->B[4], cv, a, (__mmask16) ~(w4 | k->uz[4]));
     *cut = (w4 | k->uz[4]) & 1; /* lane 0 (the next vector's carry) did not take this one's */
     _mm512_storeu_ps(ch->o0 + t, h);
     if (ch->o1) _mm512_storeu_ps(ch->o1 + t, _mm512_add_ps(h, v));
