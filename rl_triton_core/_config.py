@@ -88,6 +88,7 @@ class Tuning:
 
 
 _current = Tuning()
+_INTERNED = {_current: _current}  # each Tuning value set so far, as its first object
 
 
 def current_tuning() -> Tuning:
@@ -100,7 +101,12 @@ def set_tuning(value: Tuning) -> Tuning:
     global _current
     if not isinstance(value, Tuning):
         raise TypeError(f"set_tuning takes a Tuning, got {type(value).__name__}")
-    previous, _current = _current, value
+    # one object per value: the C replay finds a recorded call by the tuning's identity,
+    # so a block entered again with the same knobs repeats the calls recorded before
+    if len(_INTERNED) >= 256:
+        _INTERNED.clear()
+        _INTERNED[_current] = _current
+    previous, _current = _current, _INTERNED.setdefault(value, value)
     return previous
 
 

@@ -60,3 +60,30 @@ def test_tuning_is_part_of_the_cache_key(gen, captured_launches):
     with rc.tuning(segment_len=16):
         rc.gae(r, v, te, time_dim=-1)
     assert len(captured_launches.full) == 2 and len(captured_launches.replayed) == 1
+
+
+def test_a_block_entered_again_repeats_its_recorded_calls(monkeypatch):
+    """rc.tuning(...) with the same knobs gives the same object every time: the C replay
+    finds a call recorded in an earlier block by the tuning's identity."""
+    from core_testlib import spy_c_replay
+
+    from rl_triton_core import _dispatch, estimators
+
+    with rc.tuning(cpu_threads=1) as a:
+        pass
+    with rc.tuning(cpu_threads=1) as b:
+        assert b is a
+    assert rc.current_tuning() is not a
+    if estimators._replay is None or _dispatch.backend_for(torch.device("cpu")) != "cpu":
+        pytest.skip("no C replay of CPU calls here (not built, or the Triton backend)")
+    monkeypatch.setattr(_dispatch, "_PLANS", {})
+    hits = []
+    spy_c_replay(monkeypatch, hits)
+    r, v = torch.randn(3, 50), torch.randn(3, 50)
+    d = torch.rand(3, 50) < 0.1
+    with rc.tuning(cpu_threads=1):
+        first = rc.gae(r, v, d, time_dim=-1)
+    with rc.tuning(cpu_threads=1):
+        again = rc.gae(r, v, d, time_dim=-1)
+    assert len(hits) == 1, "the second block's call was not replayed"
+    assert all(torch.equal(x, y) for x, y in zip(first, again))
