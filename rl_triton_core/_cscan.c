@@ -9,7 +9,8 @@
  *               alpha = r + [not te] gamma (1 - l') V'      beta = [not te] gamma l'
  *               out0 = h (the return)
  *
- * Float32 data is computed in float32, as the GPU kernel computes it, by the fast walks
+ * Float32 data is computed in float32 where the CPU has AVX-512 (elsewhere as float64
+ * data: see use_vec8), as the GPU kernel computes it, by the fast walks
  * (fast_stream: a stream 16 steps a vector, with an in-register scan whose compositions
  * are fused multiply-adds, on AVX-512 as masked rounds in fast_units512, where a few
  * long streams are cut into segments for the threads and fixed up; fastcol_block: 16
@@ -261,10 +262,18 @@ INLINE void transpose8(v8d *r) {
 
 /* The vector recurrence pays only with 512-bit registers: in AVX2, the transposes of
  * 8-wide vectors cost more than the scalar loop saves (4096 x 128 on one thread: 2.06 ms
- * against 1.42 for the scalar loop). Set when the module loads. */
+ * against 1.42 for the scalar loop). So do the fast walks (their 16-lane vectors, split
+ * in two for AVX2, shuffle across the halves): built for AVX2 they took 4.3 ms at
+ * 4096 x 128 on one thread against 1.0 for the float64 row walk, 3.2 against 0.46 at
+ * 128 x 4096 time-major, 0.55 against 0.22 on a 100,000-step stream. Set when the
+ * module loads. */
 static int use_vec8 = 0;
-/* the fast row walk (see fast_stream); off only in tests, to reach the other walks */
+/* the fast walks (see fast_stream), where use_vec8; off only in tests, to reach the
+ * other walks */
 static int use_fast = 1;
+/* the fast row walk's AVX-512 path (fast_units512); off only in tests, to reach the
+ * generic fast walk */
+static int use_512 = 1;
 
 /* ---------------------------------------------------------------------- row walk */
 
@@ -1059,7 +1068,7 @@ AVX512 static void fast_fixup512(const ctx_t *c, const bconst_t *kc) {
  * lambda numbers */
 static int fast512(const ctx_t *c) {
 #if defined(__x86_64__)
-    return use_vec8 && fast_contiguous(c) && !c->g_t && !c->l_t;
+    return use_vec8 && use_512 && fast_contiguous(c) && !c->g_t && !c->l_t;
 #else
     (void)c;
     return 0;
@@ -1324,8 +1333,10 @@ static void plan_walk(ctx_t *c, int threads) {
                  llabs((long long)c->x.st) != item;
     c->fast = c->fastcol = 0;
 #if VEC8
-    c->fast = !c->columns && use_fast && fast_ok(c);
-    c->fastcol = c->columns && use_fast && fast_ok(c);
+    /* float32 data: the fast walks where the CPU has AVX-512; elsewhere the float64
+     * walks below (see use_vec8), numba's bits */
+    c->fast = !c->columns && use_fast && use_vec8 && fast_ok(c);
+    c->fastcol = c->columns && use_fast && use_vec8 && fast_ok(c);
 #endif
     c->h_end = NULL;
     if (c->fast) {
@@ -2105,6 +2116,15 @@ static PyObject *use_fast_(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(was);
 }
 
+/* use_512(flag): the fast row walk's AVX-512 path on or off; returns whether it was on
+ * (for tests: the generic fast walk gives the same bits) */
+static PyObject *use_512_(PyObject *self, PyObject *arg) {
+    const int was = use_512, want = PyObject_IsTrue(arg);
+    if (want < 0) return NULL;
+    use_512 = want;
+    return PyBool_FromLong(was);
+}
+
 /* use_gomp(flag): torch's OpenMP team for the threads (where loaded) on or off; returns
  * whether it was on. For tests: threads of our own are then reached. */
 static PyObject *use_gomp_(PyObject *self, PyObject *arg) {
@@ -2127,8 +2147,11 @@ static PyMethodDef methods[] = {
      "pool(): 'openmp' where a call's threads are torch's OpenMP team, 'own' where they "
      "are threads of this module."},
     {"use_fast", use_fast_, METH_O,
-     "use_fast(flag): the fast row walk (float32 rows contiguous in time) on or off; "
-     "returns whether it was on (for tests)."},
+     "use_fast(flag): the fast walks (float32 data in float32, where the CPU has "
+     "AVX-512) on or off; returns whether they were on (for tests)."},
+    {"use_512", use_512_, METH_O,
+     "use_512(flag): the fast row walk's AVX-512 path on or off; returns whether it was "
+     "on (for tests: the generic fast walk gives the same bits)."},
     {"use_vector", use_vector, METH_O,
      "use_vector(flag): the vector recurrence on (where the CPU has AVX-512) or off; "
      "returns whether it was on (for tests: both give the same bits)."},

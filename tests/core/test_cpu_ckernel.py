@@ -157,8 +157,13 @@ def recurrence(request):
 
 def _fast_walk(dtype, layout, flag_kind, opts):
     """Whether a case takes a fast walk (rows: 16 steps a vector; time-major columns: 16
-    streams a vector): float32 data, whatever the flags, strides and coefficients."""
-    return WALK["fast"] and dtype == torch.float32
+    streams a vector): float32 data, whatever the flags, strides and coefficients, where
+    the CPU has AVX-512 (elsewhere the float64 walks: numba's bits)."""
+    from rl_triton_core import _cscan
+
+    was = _cscan.use_vector(True)
+    has512 = _cscan.use_vector(was)
+    return WALK["fast"] and dtype == torch.float32 and has512
 
 
 OPTS = [(), ("nv",), ("boot",), ("gamma-tensor", "lmbda-tensor"), ("nv", "strided"),
@@ -254,7 +259,7 @@ def test_fast_walk_avx512_equals_generic(name, resets):
     was = _cscan.use_vector(True)
     has512 = _cscan.use_vector(was)
     if not has512:
-        pytest.skip("the CPU has no AVX-512")
+        pytest.skip("the CPU has no AVX-512 (the fast walks run where it has)")
     g = _gen(hash((name, resets)) % 10_000)
     # lengths off and on the 16-step vectors (a stream's top vector partial or whole)
     for shape, td in (((70_003,), -1), ((70_000,), -1), ((9, 4099), -1), ((9, 4096), -1),
@@ -284,14 +289,14 @@ def test_fast_walk_avx512_equals_generic(name, resets):
             kw["next_values"] = torch.randn(shape, generator=g)
         got = {}
         for vec in (True, False):
-            was = _cscan.use_vector(vec)
+            was = _cscan.use_512(vec)
             _dispatch._PLANS.clear()
             try:
                 for threads in (1, 2):
                     with rc.tuning(cpu_threads=threads):
                         got[vec, threads] = _as_tuple(_call(name, r, v, te, tr, kw))
             finally:
-                _cscan.use_vector(was)
+                _cscan.use_512(was)
                 _dispatch._PLANS.clear()
         ctx = f"{name} {resets} {shape} seed={SEED}"
         for key, x in got.items():
@@ -299,6 +304,30 @@ def test_fast_walk_avx512_equals_generic(name, resets):
         expect = _as_tuple(_ref(name, r, v, te, tr, kw))
         for x, e in zip(got[True, 2], expect):
             np.testing.assert_allclose(x.numpy(), e.numpy(), rtol=1e-4, atol=1e-4, err_msg=ctx)
+
+
+def test_without_avx512_float32_takes_the_float64_walks(monkeypatch):
+    """Where the CPU has no AVX-512 (``use_vector(False)`` stands in for it), float32 data
+    takes the float64 walks (numba's bits), not the fast walks, whose 16-lane vectors
+    built for AVX2 ran 2.5-7x slower than them."""
+    from rl_triton_core import _cscan
+
+    if not WALK["fast"]:
+        pytest.skip("the fast walks' switch is off in this run")
+    g = _gen(41)
+    for shape, td in (((64, 300), -1), ((300, 64), 0), ((20_000,), -1)):
+        r, v = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+        te = torch.rand(shape, generator=g) < 0.01
+        was = _cscan.use_vector(False)
+        _dispatch._PLANS.clear()
+        try:
+            got = rc.gae(r, v, te, gamma=0.99, lmbda=0.95, time_dim=td)
+        finally:
+            _cscan.use_vector(was)
+            _dispatch._PLANS.clear()
+        want = _numba(lambda a=(r, v, te, td): rc.gae(*a[:3], gamma=0.99, lmbda=0.95,
+                                                       time_dim=a[3]), monkeypatch)
+        assert _bitwise(got, want), f"{shape}: not the float64 walk's bits"
 
 
 def test_c_kernel_runs_without_numba():
