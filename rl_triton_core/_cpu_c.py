@@ -4,9 +4,10 @@ GAE and TD(lambda) (the reverse scans without an initial carry) run here: compil
 install time, it needs no JIT, so the first call of a fresh process runs at full speed
 and nothing is loaded in the background. Float32 data is computed in float32 where the
 CPU has AVX-512 (16 steps or 16 streams a vector; the bits depend on the values only,
-not on strides, flag dtypes or threads); elsewhere, and for float64 data, the float64
-walks give bit for bit the numba loop's results (the same float64 operations in the
-same order, no fused multiply-add). Every other variant, and every
+not on strides, flag dtypes or threads), and on AVX2 for contiguous rows with gamma and
+lambda numbers (the same bits); elsewhere, and for float64 data, the float64 walks give
+bit for bit the numba loop's results (the same float64 operations in the same order, no
+fused multiply-add). Every other variant, and every
 call where the extension is not built, takes the numba path (``rl_triton_core._cpu``).
 ``RL_TRITON_CORE_CPU_KERNEL=numba`` forces numba for all.
 """

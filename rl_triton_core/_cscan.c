@@ -9,8 +9,9 @@
  *               alpha = r + [not te] gamma (1 - l') V'      beta = [not te] gamma l'
  *               out0 = h (the return)
  *
- * Float32 data is computed in float32 where the CPU has AVX-512 (elsewhere as float64
- * data: see use_vec8), as the GPU kernel computes it, by the fast walks
+ * Float32 data is computed in float32 where the CPU has AVX-512 (with AVX2 only, the
+ * row walk's contiguous calls too, fast_units256; the rest as float64 data: see
+ * use_vec8), as the GPU kernel computes it, by the fast walks
  * (fast_stream: a stream 16 steps a vector, with an in-register scan whose compositions
  * are fused multiply-adds, on AVX-512 as masked rounds in fast_units512, where a few
  * long streams are cut into segments for the threads and fixed up; fastcol_block: 16
@@ -274,6 +275,11 @@ static int use_fast = 1;
 /* the fast row walk's AVX-512 path (fast_units512); off only in tests, to reach the
  * generic fast walk */
 static int use_512 = 1;
+/* the fast row walk on AVX2 (fast_units256) where the CPU has no AVX-512; for contiguous
+ * calls with gamma and lambda numbers (the others take the float64 walks there); tests
+ * switch it off, or on where use_512 is off */
+static int use_256 = 1;
+static int has_avx2 = 0; /* set when the module loads */
 
 /* ---------------------------------------------------------------------- row walk */
 
@@ -1064,11 +1070,221 @@ AVX512 static void fast_fixup512(const ctx_t *c, const bconst_t *kc) {
 }
 #endif
 
+#if defined(__x86_64__)
+/* The same inner vectors on AVX2 (CPUs without AVX-512): each 16-lane vector as two
+ * 8-lane halves, every operation of vec512 on both, the lane shifts as permutes of both
+ * halves and a blend, the masks as lane masks. The same operations on the same values
+ * in the same order: the same bits as vec512 (a test compares them). */
+#define AVX2_TARGET target("avx2,fma")
+#define AVX2 __attribute__((AVX2_TARGET, noinline))
+#define AVX2_INLINE __attribute__((AVX2_TARGET, always_inline)) static inline
+
+typedef struct {
+    __m256 lo, hi;
+} v2x8;
+
+typedef struct {
+    v2x8 B[5];
+    unsigned uz[5];
+    __m256 gv, lv;
+    int gae, bytes;
+} k256_t;
+
+AVX2_INLINE __m256 lanes8(unsigned bits) { /* bit i of bits -> lane i all ones */
+    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i b = _mm256_and_si256(_mm256_set1_epi32((int)bits), sel);
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, sel));
+}
+
+/* a + b x where the mask's bit is clear (one fused rounding), a where set */
+AVX2_INLINE v2x8 fma_keep(v2x8 b, v2x8 x, v2x8 a, unsigned keep) {
+    v2x8 r;
+    r.lo = _mm256_blendv_ps(_mm256_fmadd_ps(b.lo, x.lo, a.lo), a.lo, lanes8(keep & 0xff));
+    r.hi = _mm256_blendv_ps(_mm256_fmadd_ps(b.hi, x.hi, a.hi), a.hi, lanes8(keep >> 8));
+    return r;
+}
+
+/* lane i takes lane i + s (past 15: 0), s in 1, 2, 4, 8 */
+AVX2_INLINE v2x8 shift256(v2x8 a, const int s) {
+    v2x8 r;
+    if (s == 8) {
+        r.lo = a.hi;
+        r.hi = _mm256_setzero_ps();
+        return r;
+    }
+    const __m256i idx = _mm256_and_si256(
+        _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(s)),
+        _mm256_set1_epi32(7));
+    const __m256 plo = _mm256_permutevar8x32_ps(a.lo, idx);
+    const __m256 phi = _mm256_permutevar8x32_ps(a.hi, idx);
+    const __m256 top = lanes8((0xffu << (8 - s)) & 0xffu); /* lanes i >= 8 - s */
+    r.lo = _mm256_blendv_ps(plo, phi, top);
+    r.hi = _mm256_blendv_ps(phi, _mm256_setzero_ps(), top);
+    return r;
+}
+
+AVX2_INLINE v2x8 ld256(const float *p) {
+    v2x8 r = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
+    return r;
+}
+
+/* 16 flags at p (bytes or float32 bits without the sign) as a 16-bit mask */
+AVX2_INLINE unsigned flags256(const char *p, ssz t, int bytes) {
+    if (bytes) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(p + t));
+        const unsigned zero = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(b, _mm_setzero_si128()));
+        return ~zero & 0xffffu;
+    }
+    const __m256i nosign = _mm256_set1_epi32(0x7fffffff), z = _mm256_setzero_si256();
+    const __m256i a0 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 4 * t)), nosign);
+    const __m256i a1 =
+        _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 4 * t + 32)), nosign);
+    const unsigned e0 = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a0, z)));
+    const unsigned e1 = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a1, z)));
+    return ~(e0 | e1 << 8) & 0xffffu;
+}
+
+/* vec512, in two halves */
+AVX2_INLINE v2x8 vec256(const k256_t *k, const chain512_t *ch, ssz t, v2x8 above,
+                        unsigned *cut, const int top, const float boot) {
+    const __m256 zero = _mm256_setzero_ps();
+    const v2x8 z2 = {zero, zero};
+    const v2x8 x = ld256(ch->x + t);
+    const v2x8 v = ch->v ? ld256(ch->v + t) : z2;
+    v2x8 nv;
+    if (ch->nv) {
+        nv = ld256(ch->nv + t);
+    } else if (!ch->v) {
+        nv = z2;
+    } else if (top) { /* V_{t+1}; the last lane the bootstrap */
+        nv.lo = _mm256_loadu_ps(ch->v + t + 1);
+        nv.hi = _mm256_maskload_ps(ch->v + t + 9, _mm256_castps_si256(lanes8(0x7f)));
+    } else {
+        nv = ld256(ch->v + t + 1);
+    }
+    if (top && !ch->nv) nv.hi = _mm256_blendv_ps(nv.hi, _mm256_set1_ps(boot), lanes8(0x80));
+    const unsigned te = flags256(ch->te, t, k->bytes);
+    const unsigned tr = ch->tr ? flags256(ch->tr, t, k->bytes) : 0;
+    unsigned done = te | tr;
+    v2x8 a;
+    const __m256 nte_lo = lanes8(~te & 0xff), nte_hi = lanes8((~te >> 8) & 0xff);
+    if (k->gae) {
+        a.lo = _mm256_sub_ps(_mm256_add_ps(x.lo, _mm256_and_ps(_mm256_mul_ps(k->gv, nv.lo), nte_lo)), v.lo);
+        a.hi = _mm256_sub_ps(_mm256_add_ps(x.hi, _mm256_and_ps(_mm256_mul_ps(k->gv, nv.hi), nte_hi)), v.hi);
+    } else {
+        if (top) done |= 0x8000;
+        const __m256 one = _mm256_set1_ps(1.0f);
+        const __m256 lc_lo = _mm256_and_ps(k->lv, lanes8(~done & 0xff));
+        const __m256 lc_hi = _mm256_and_ps(k->lv, lanes8((~done >> 8) & 0xff));
+        const __m256 g1_lo = _mm256_mul_ps(k->gv, _mm256_sub_ps(one, lc_lo));
+        const __m256 g1_hi = _mm256_mul_ps(k->gv, _mm256_sub_ps(one, lc_hi));
+        a.lo = _mm256_add_ps(x.lo, _mm256_and_ps(_mm256_mul_ps(g1_lo, nv.lo), nte_lo));
+        a.hi = _mm256_add_ps(x.hi, _mm256_and_ps(_mm256_mul_ps(g1_hi, nv.hi), nte_hi));
+    }
+    const unsigned w1 = done | (done >> 1), w2 = w1 | (w1 >> 2), w3 = w2 | (w2 >> 4);
+    const unsigned w4 = w3 | (w3 >> 8);
+    a = fma_keep(k->B[0], shift256(a, 1), a, done | k->uz[0]);
+    a = fma_keep(k->B[1], shift256(a, 2), a, w1 | k->uz[1]);
+    a = fma_keep(k->B[2], shift256(a, 4), a, w2 | k->uz[2]);
+    a = fma_keep(k->B[3], shift256(a, 8), a, w3 | k->uz[3]);
+    const __m256 c0 = _mm256_permutevar8x32_ps(above.lo, _mm256_setzero_si256());
+    const v2x8 cv = {c0, c0};
+    const v2x8 h = fma_keep(k->B[4], cv, a, w4 | k->uz[4]);
+    *cut = (w4 | k->uz[4]) & 1;
+    _mm256_storeu_ps(ch->o0 + t, h.lo);
+    _mm256_storeu_ps(ch->o0 + t + 8, h.hi);
+    if (ch->o1) {
+        _mm256_storeu_ps(ch->o1 + t, _mm256_add_ps(h.lo, v.lo));
+        _mm256_storeu_ps(ch->o1 + t + 8, _mm256_add_ps(h.hi, v.hi));
+    }
+    return h;
+}
+
+AVX2_INLINE k256_t k256_of(const ctx_t *c, const bconst_t *kc) {
+    k256_t k;
+    for (int j = 0; j < 5; j++) {
+        float b[16];
+        memcpy(b, &kc->B[j], sizeof(b));
+        k.B[j].lo = _mm256_loadu_ps(b);
+        k.B[j].hi = _mm256_loadu_ps(b + 8);
+        k.uz[j] = 0;
+        for (int i = 0; i < 16; i++) k.uz[j] |= (unsigned)(kc->Z[j][i] != 0) << i;
+    }
+    k.gv = _mm256_set1_ps((float)c->gs);
+    k.lv = _mm256_set1_ps((float)c->lms);
+    k.gae = c->mode == MODE_GAE;
+    k.bytes = c->te.kind == K_I8;
+    return k;
+}
+
+/* fast_units512 on AVX2 */
+AVX2 static void fast_units256(const ctx_t *c, ssz lo, ssz hi, const bconst_t *kc) {
+    const ssz T = c->T, S = c->S;
+    const ssz q = (T - 1) / 16, t0 = 16 * q, m = T - t0;
+    const k256_t k = k256_of(c, kc);
+    tries_t tries = {0, 0};
+    const v16f zero = {0};
+    unsigned cut;
+    for (ssz u = lo; u < hi; u++) {
+        const ssz n = u / S, sg = u % S;
+        const ssz jlo = sg * c->seg, jtop = jlo + c->seg - 1 < q ? jlo + c->seg - 1 : q;
+        const views_t f = views_of(c, n, 1);
+        const chain512_t ch = chain512_of(&f);
+        v2x8 h = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        ssz j = jtop;
+        if (jtop == q) {
+            const float boot = !c->has_nv && c->has_boot
+                                   ? (float)get1(&c->boot, off3(&c->boot, n, c->N2))
+                                   : 0.0f;
+            if (m == 16) {
+                h = vec256(&k, &ch, t0, h, &cut, 1, boot);
+            } else {
+                float b[16];
+                const v16f g = fast16(c, &f, t0, m, zero, boot, k.gae, 1, NULL, &tries);
+                memcpy(b, &g, sizeof(b));
+                h.lo = _mm256_loadu_ps(b);
+                h.hi = _mm256_loadu_ps(b + 8);
+            }
+            j--;
+        }
+        for (; j >= jlo; j--) h = vec256(&k, &ch, 16 * j, h, &cut, 0, 0.0f);
+    }
+}
+
+AVX2 static void fast_fixup256(const ctx_t *c, const bconst_t *kc) {
+    const ssz N = c->N1 * c->N2, S = c->S;
+    const k256_t k = k256_of(c, kc);
+    unsigned cut = 0;
+    for (ssz n = 0; n < N; n++) {
+        const views_t f = views_of(c, n, 1);
+        const chain512_t ch = chain512_of(&f);
+        for (ssz sg = S - 2; sg >= 0; sg--) {
+            const ssz jlo = sg * c->seg, jtop = jlo + c->seg - 1;
+            const __m256 c0 = _mm256_set1_ps(ch.o0[16 * (jtop + 1)]);
+            v2x8 h = {c0, c0};
+            cut = 0;
+            for (ssz j = jtop; j >= jlo && !cut; j--)
+                h = vec256(&k, &ch, 16 * j, h, &cut, 0, 0.0f);
+        }
+    }
+}
+#endif
+
 /* the call's row walk takes fast_units512: AVX-512, every array contiguous, gamma and
  * lambda numbers */
 static int fast512(const ctx_t *c) {
 #if defined(__x86_64__)
     return use_vec8 && use_512 && fast_contiguous(c) && !c->g_t && !c->l_t;
+#else
+    (void)c;
+    return 0;
+#endif
+}
+
+/* ... or fast_units256: AVX2 without AVX-512 (or the AVX-512 path off in tests) */
+static int fast256(const ctx_t *c) {
+#if defined(__x86_64__)
+    return has_avx2 && use_256 && !fast512(c) && fast_contiguous(c) && !c->g_t && !c->l_t;
 #else
     (void)c;
     return 0;
@@ -1087,6 +1303,10 @@ INLINE void fast_streams(const ctx_t *c, ssz lo, ssz hi) {
 #if defined(__x86_64__)
     if (fast512(c)) {
         fast_units512(c, lo, hi, &kc);
+        return;
+    }
+    if (fast256(c)) {
+        fast_units256(c, lo, hi, &kc);
         return;
     }
 #endif
@@ -1266,7 +1486,10 @@ static int run_all(ctx_t *c, int threads) {
 #if VEC8 && defined(__x86_64__)
     if (!failed && c->fast && c->S > 1) {
         const bconst_t kc = bconst_of((float)c->gs * (float)c->lms);
-        fast_fixup512(c, &kc);
+        if (fast512(c))
+            fast_fixup512(c, &kc);
+        else
+            fast_fixup256(c, &kc);
     }
 #endif
     if (!failed && c->h_end && c->S > 1) {
@@ -1335,7 +1558,7 @@ static void plan_walk(ctx_t *c, int threads) {
 #if VEC8
     /* float32 data: the fast walks where the CPU has AVX-512; elsewhere the float64
      * walks below (see use_vec8), numba's bits */
-    c->fast = !c->columns && use_fast && use_vec8 && fast_ok(c);
+    c->fast = !c->columns && use_fast && fast_ok(c) && (use_vec8 || fast256(c));
     c->fastcol = c->columns && use_fast && use_vec8 && fast_ok(c);
 #endif
     c->h_end = NULL;
@@ -1346,7 +1569,7 @@ static void plan_walk(ctx_t *c, int threads) {
         /* a few long streams on more threads: each cut into segments of whole vectors
          * (at least FAST_SEG of them), fixed up after (fast_units512) */
         const ssz nvec = (T + 15) / 16;
-        if (N < threads && fast512(c) && nvec >= 2 * FAST_SEG) {
+        if (N < threads && (fast512(c) || fast256(c)) && nvec >= 2 * FAST_SEG) {
             ssz S = (threads + N - 1) / N;
             if (S > nvec / FAST_SEG) S = nvec / FAST_SEG;
             c->seg = (nvec + S - 1) / S;
@@ -2116,6 +2339,15 @@ static PyObject *use_fast_(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(was);
 }
 
+/* use_256(flag): the fast row walk's AVX2 path on or off; returns whether it was on
+ * (for tests) */
+static PyObject *use_256_(PyObject *self, PyObject *arg) {
+    const int was = use_256, want = PyObject_IsTrue(arg);
+    if (want < 0) return NULL;
+    use_256 = want;
+    return PyBool_FromLong(was);
+}
+
 /* use_512(flag): the fast row walk's AVX-512 path on or off; returns whether it was on
  * (for tests: the generic fast walk gives the same bits) */
 static PyObject *use_512_(PyObject *self, PyObject *arg) {
@@ -2149,6 +2381,9 @@ static PyMethodDef methods[] = {
     {"use_fast", use_fast_, METH_O,
      "use_fast(flag): the fast walks (float32 data in float32, where the CPU has "
      "AVX-512) on or off; returns whether they were on (for tests)."},
+    {"use_256", use_256_, METH_O,
+     "use_256(flag): the fast row walk's AVX2 path (where the AVX-512 one is not taken) on "
+     "or off; returns whether it was on (for tests: the same bits)."},
     {"use_512", use_512_, METH_O,
      "use_512(flag): the fast row walk's AVX-512 path on or off; returns whether it was "
      "on (for tests: the generic fast walk gives the same bits)."},
@@ -2211,6 +2446,7 @@ PyMODINIT_FUNC PyInit__cscan(void) {
     __builtin_cpu_init();
     use_vec8 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+    has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
     return PyModule_Create(&module);
 }

@@ -249,9 +249,10 @@ def test_segmented_stream_fixup_is_exact(resets, monkeypatch):
 @pytest.mark.parametrize("resets", ["none", "sparse", "episodes", "every-step", "segment-edges"])
 @pytest.mark.parametrize("name", ["gae", "lambda_returns", "discounted_returns"])
 def test_fast_walk_avx512_equals_generic(name, resets):
-    """The fast row walk's AVX-512 path (masked rounds, long streams cut into segments on
-    two threads and fixed up) gives the generic fast walk's bits: flat streams and rows,
-    byte and float flags, next values and bootstraps, NaN and inf behind done steps."""
+    """The fast row walk's AVX-512 and AVX2 paths (masked rounds, long streams cut into
+    segments on two threads and fixed up) give the generic fast walk's bits: flat streams
+    and rows, byte and float flags, next values and bootstraps, NaN and inf behind done
+    steps."""
     from rl_triton_core import _cscan
 
     if not WALK["fast"]:
@@ -288,46 +289,62 @@ def test_fast_walk_avx512_equals_generic(name, resets):
         if len(shape) == 3:
             kw["next_values"] = torch.randn(shape, generator=g)
         got = {}
-        for vec in (True, False):
-            was = _cscan.use_512(vec)
+        for path, on512, on256 in (("avx512", True, True), ("avx2", False, True),
+                                   ("generic", False, False)):
+            was512, was256 = _cscan.use_512(on512), _cscan.use_256(on256)
             _dispatch._PLANS.clear()
             try:
                 for threads in (1, 2):
                     with rc.tuning(cpu_threads=threads):
-                        got[vec, threads] = _as_tuple(_call(name, r, v, te, tr, kw))
+                        got[path, threads] = _as_tuple(_call(name, r, v, te, tr, kw))
             finally:
-                _cscan.use_512(was)
+                _cscan.use_512(was512)
+                _cscan.use_256(was256)
                 _dispatch._PLANS.clear()
         ctx = f"{name} {resets} {shape} seed={SEED}"
         for key, x in got.items():
-            assert _bitwise(x, got[False, 1]), f"{ctx} {key}: bits differ"
+            assert _bitwise(x, got["generic", 1]), f"{ctx} {key}: bits differ"
         expect = _as_tuple(_ref(name, r, v, te, tr, kw))
-        for x, e in zip(got[True, 2], expect):
+        for x, e in zip(got["avx512", 2], expect):
             np.testing.assert_allclose(x.numpy(), e.numpy(), rtol=1e-4, atol=1e-4, err_msg=ctx)
 
 
-def test_without_avx512_float32_takes_the_float64_walks(monkeypatch):
-    """Where the CPU has no AVX-512 (``use_vector(False)`` stands in for it), float32 data
-    takes the float64 walks (numba's bits), not the fast walks, whose 16-lane vectors
-    built for AVX2 ran 2.5-7x slower than them."""
+def test_without_avx512_float32_takes_the_avx2_or_float64_walks(monkeypatch):
+    """Where the CPU has no AVX-512 (``use_vector(False)`` stands in for it), contiguous
+    float32 rows with gamma and lambda numbers take the fast row walk's AVX2 path (the
+    AVX-512 path's bits); other float32 calls (time-major here), and every call where the
+    AVX2 path is off, the float64 walks (numba's bits): the generic fast walks' 16-lane
+    vectors, built for AVX2, ran 2.5-7x slower than those."""
     from rl_triton_core import _cscan
 
     if not WALK["fast"]:
         pytest.skip("the fast walks' switch is off in this run")
+    was = _cscan.use_vector(True)
+    has512 = _cscan.use_vector(was)
     g = _gen(41)
     for shape, td in (((64, 300), -1), ((300, 64), 0), ((20_000,), -1)):
         r, v = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
         te = torch.rand(shape, generator=g) < 0.01
-        was = _cscan.use_vector(False)
-        _dispatch._PLANS.clear()
-        try:
-            got = rc.gae(r, v, te, gamma=0.99, lmbda=0.95, time_dim=td)
-        finally:
-            _cscan.use_vector(was)
+
+        def call(vec, on256, a=(r, v, te, td)):
+            was_v, was_256 = _cscan.use_vector(vec), _cscan.use_256(on256)
             _dispatch._PLANS.clear()
+            try:
+                return rc.gae(*a[:3], gamma=0.99, lmbda=0.95, time_dim=a[3])
+            finally:
+                _cscan.use_vector(was_v)
+                _cscan.use_256(was_256)
+                _dispatch._PLANS.clear()
+
         want = _numba(lambda a=(r, v, te, td): rc.gae(*a[:3], gamma=0.99, lmbda=0.95,
                                                        time_dim=a[3]), monkeypatch)
-        assert _bitwise(got, want), f"{shape}: not the float64 walk's bits"
+        assert _bitwise(call(False, False), want), f"{shape}: not the float64 walk's bits"
+        avx2 = call(False, True)
+        if td == 0:
+            assert _bitwise(avx2, want), f"{shape}: not the float64 walk's bits"
+        elif has512:
+            assert _bitwise(avx2, call(True, True)), f"{shape}: not the AVX-512 path's bits"
+            assert not _bitwise(avx2, want), f"{shape}: the AVX2 path did not run"
 
 
 def test_c_kernel_runs_without_numba():
