@@ -61,6 +61,7 @@
 #define W 8         /* lanes of the row walk */
 #define K 128       /* steps per chunk of the row walk */
 #define WC 256      /* streams per block of the column walk */
+#define WF 128      /* streams per block of the fast column walk */
 
 typedef Py_ssize_t ssz;
 
@@ -833,7 +834,6 @@ INLINE void fast_stream(const ctx_t *c, ssz n, const int gae, const int cont,
  * in float32. A block of WF streams advances one step at a time, 16 streams a vector:
  * h = alpha + beta h, a select where beta is 0. Loads and stores are vectors where the
  * streams are contiguous (byte or float32 flags), one by one otherwise. */
-#define WF 128
 
 /* the block's first stream and width (as col_block) */
 INLINE void fastcol_range(const ctx_t *c, ssz blk, ssz *n0, ssz *w) {
@@ -1568,6 +1568,7 @@ static void plan_walk(ctx_t *c, int threads) {
         c->nlanes = N;
         /* a few long streams on more threads: each cut into segments of whole vectors
          * (at least FAST_SEG of them), fixed up after (fast_units512) */
+#if VEC8
         const ssz nvec = (T + 15) / 16;
         if (N < threads && (fast512(c) || fast256(c)) && nvec >= 2 * FAST_SEG) {
             ssz S = (threads + N - 1) / N;
@@ -1575,6 +1576,7 @@ static void plan_walk(ctx_t *c, int threads) {
             c->seg = (nvec + S - 1) / S;
             c->S = (nvec + c->seg - 1) / c->seg;
         }
+#endif
     } else if (c->fastcol) {
         c->nblocks = c->N2 > 1 ? c->N1 * ((c->N2 + WF - 1) / WF) : (c->N1 + WF - 1) / WF;
         c->S = 1;
