@@ -103,10 +103,12 @@ def set_tuning(value: Tuning) -> Tuning:
         raise TypeError(f"set_tuning takes a Tuning, got {type(value).__name__}")
     # one object per value: the C replay finds a recorded call by the tuning's identity,
     # so a block entered again with the same knobs repeats the calls recorded before
-    if len(_INTERNED) >= 256:
-        _INTERNED.clear()
-        _INTERNED[_current] = _current
-    previous, _current = _current, _INTERNED.setdefault(value, value)
+    # (at most 4096 values: past that a new value is used as it is; none is forgotten,
+    # which would give a block entered again another object)
+    known = _INTERNED.get(value)
+    if known is None and len(_INTERNED) < 4096:
+        known = _INTERNED[value] = value
+    previous, _current = _current, known if known is not None else value
     return previous
 
 

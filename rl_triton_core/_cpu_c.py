@@ -93,6 +93,4 @@ def recording(prepared, addr, num, lo, hi, extents=None):
     """A :func:`prepare`-d call and where the user's arguments go (see ``_cscan``), as
     bytes for :data:`replay`; ``extents`` (an out= call, whose outputs are arguments 0
     and 1 of ``addr``): each argument's bytes from its address, 0 for no tensor."""
-    if extents is None:
-        return _cscan.recording(prepared, addr, num, lo, hi)
-    return _cscan.recording(prepared, addr, num, lo, hi, extents)
+    return _cscan.recording(prepared, addr, num, lo, hi, extents or (0,) * len(addr))

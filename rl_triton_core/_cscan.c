@@ -1018,56 +1018,66 @@ AVX512_INLINE k512_t k512_of(const ctx_t *c, const bconst_t *kc) {
  * flag-free products): unit u is segment u % S of stream u / S. A stream's vectors
  * (vector j: steps [16 j, 16 j + 16), the top one maybe fewer) are cut into S segments
  * of c->seg vectors (S > 1: a few long streams on more threads); a segment below the top
- * one starts from h = 0, and fast_fixup512 later recomputes its first vectors from the
- * true carry. */
-AVX512 static void fast_units512(const ctx_t *c, ssz lo, ssz hi, const bconst_t *kc) {
-    const ssz T = c->T, S = c->S;
-    const ssz q = (T - 1) / 16, t0 = 16 * q, m = T - t0;
-    const k512_t k = k512_of(c, kc);
-    tries_t tries = {0, 0};
-    const v16f zero = {0};
-    unsigned cut;
-    for (ssz u = lo; u < hi; u++) {
-        const ssz n = u / S, sg = u % S;
-        const ssz jlo = sg * c->seg, jtop = jlo + c->seg - 1 < q ? jlo + c->seg - 1 : q;
-        const views_t f = views_of(c, n, 1);
-        const chain512_t ch = chain512_of(&f);
-        __m512 h = _mm512_setzero_ps();
-        ssz j = jtop;
-        if (jtop == q) { /* the stream's top 16 steps (fewer: the generic path) */
-            const float boot = !c->has_nv && c->has_boot
-                                   ? (float)get1(&c->boot, off3(&c->boot, n, c->N2))
-                                   : 0.0f;
-            if (m == 16)
-                h = vec512(&k, &ch, t0, h, &cut, 1, boot);
-            else
-                h = (__m512)fast16(c, &f, t0, m, zero, boot, k.gae, 1, NULL, &tries);
-            j--;
-        }
-        for (; j >= jlo; j--) h = vec512(&k, &ch, 16 * j, h, &cut, 0, 0.0f);
+ * one starts from h = 0, and fast_fixup later recomputes its first vectors from the
+ * true carry.
+ *
+ * fast_fixup: the segments below each stream's top one, in scan order: their first
+ * vectors again, from the true carry (the h of the step above, as stored), down to the
+ * first whose lane 0 did not take its carry; from there on, every carry was already the
+ * true one. The same operations on the same values as one pass down the stream: the
+ * same bits.
+ *
+ * Both for each vector path W (512: AVX-512, 256: AVX2): its function attributes FN,
+ * vector type VT, constants KT (from K_OF), 16 steps VEC, and VT from one float in every
+ * lane (SET1) or from a generic vector (FROM16). */
+#define FAST_WALK(W, FN, VT, KT, K_OF, VEC, SET1, FROM16)                             \
+    FN static void fast_units##W(const ctx_t *c, ssz lo, ssz hi, const bconst_t *kc) {  \
+        const ssz T = c->T, S = c->S;                                                 \
+        const ssz q = (T - 1) / 16, t0 = 16 * q, m = T - t0;                          \
+        const KT k = K_OF(c, kc);                                                     \
+        tries_t tries = {0, 0};                                                       \
+        const v16f zero = {0};                                                        \
+        unsigned cut;                                                                 \
+        for (ssz u = lo; u < hi; u++) {                                               \
+            const ssz n = u / S, sg = u % S;                                          \
+            const ssz jlo = sg * c->seg;                                              \
+            const ssz jtop = jlo + c->seg - 1 < q ? jlo + c->seg - 1 : q;             \
+            const views_t f = views_of(c, n, 1);                                      \
+            const chain512_t ch = chain512_of(&f);                                    \
+            VT h = SET1(0.0f);                                                        \
+            ssz j = jtop;                                                             \
+            if (jtop == q) { /* the stream's top 16 steps (fewer: the generic path) */ \
+                const float boot = !c->has_nv && c->has_boot                          \
+                                       ? (float)get1(&c->boot, off3(&c->boot, n, c->N2)) \
+                                       : 0.0f;                                        \
+                if (m == 16)                                                          \
+                    h = VEC(&k, &ch, t0, h, &cut, 1, boot);                           \
+                else                                                                  \
+                    h = FROM16(fast16(c, &f, t0, m, zero, boot, k.gae, 1, NULL, &tries)); \
+                j--;                                                                  \
+            }                                                                         \
+            for (; j >= jlo; j--) h = VEC(&k, &ch, 16 * j, h, &cut, 0, 0.0f);         \
+        }                                                                             \
+    }                                                                                 \
+    FN static void fast_fixup##W(const ctx_t *c, const bconst_t *kc) {                \
+        const ssz N = c->N1 * c->N2, S = c->S;                                        \
+        const KT k = K_OF(c, kc);                                                     \
+        unsigned cut = 0;                                                             \
+        for (ssz n = 0; n < N; n++) {                                                 \
+            const views_t f = views_of(c, n, 1);                                      \
+            const chain512_t ch = chain512_of(&f);                                    \
+            for (ssz sg = S - 2; sg >= 0; sg--) {                                     \
+                const ssz jlo = sg * c->seg, jtop = jlo + c->seg - 1;                 \
+                VT h = SET1(ch.o0[16 * (jtop + 1)]);                                  \
+                cut = 0;                                                              \
+                for (ssz j = jtop; j >= jlo && !cut; j--)                             \
+                    h = VEC(&k, &ch, 16 * j, h, &cut, 0, 0.0f);                       \
+            }                                                                         \
+        }                                                                             \
     }
-}
 
-/* The segments below each stream's top one, in scan order: their first vectors again,
- * from the true carry (the h of the step above, as stored), down to the first whose
- * lane 0 did not take its carry; from there on, every carry was already the true one.
- * The same operations on the same values as one pass down the stream: the same bits. */
-AVX512 static void fast_fixup512(const ctx_t *c, const bconst_t *kc) {
-    const ssz N = c->N1 * c->N2, S = c->S;
-    const k512_t k = k512_of(c, kc);
-    unsigned cut = 0;
-    for (ssz n = 0; n < N; n++) {
-        const views_t f = views_of(c, n, 1);
-        const chain512_t ch = chain512_of(&f);
-        for (ssz sg = S - 2; sg >= 0; sg--) {
-            const ssz jlo = sg * c->seg, jtop = jlo + c->seg - 1;
-            __m512 h = _mm512_set1_ps(ch.o0[16 * (jtop + 1)]);
-            cut = 0;
-            for (ssz j = jtop; j >= jlo && !cut; j--)
-                h = vec512(&k, &ch, 16 * j, h, &cut, 0, 0.0f);
-        }
-    }
-}
+#define FROM16_512(g) ((__m512)(g))
+FAST_WALK(512, AVX512, __m512, k512_t, k512_of, vec512, _mm512_set1_ps, FROM16_512)
 #endif
 
 #if defined(__x86_64__)
@@ -1217,57 +1227,18 @@ AVX2_INLINE k256_t k256_of(const ctx_t *c, const bconst_t *kc) {
     return k;
 }
 
-/* fast_units512 on AVX2 */
-AVX2 static void fast_units256(const ctx_t *c, ssz lo, ssz hi, const bconst_t *kc) {
-    const ssz T = c->T, S = c->S;
-    const ssz q = (T - 1) / 16, t0 = 16 * q, m = T - t0;
-    const k256_t k = k256_of(c, kc);
-    tries_t tries = {0, 0};
-    const v16f zero = {0};
-    unsigned cut;
-    for (ssz u = lo; u < hi; u++) {
-        const ssz n = u / S, sg = u % S;
-        const ssz jlo = sg * c->seg, jtop = jlo + c->seg - 1 < q ? jlo + c->seg - 1 : q;
-        const views_t f = views_of(c, n, 1);
-        const chain512_t ch = chain512_of(&f);
-        v2x8 h = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        ssz j = jtop;
-        if (jtop == q) {
-            const float boot = !c->has_nv && c->has_boot
-                                   ? (float)get1(&c->boot, off3(&c->boot, n, c->N2))
-                                   : 0.0f;
-            if (m == 16) {
-                h = vec256(&k, &ch, t0, h, &cut, 1, boot);
-            } else {
-                float b[16];
-                const v16f g = fast16(c, &f, t0, m, zero, boot, k.gae, 1, NULL, &tries);
-                memcpy(b, &g, sizeof(b));
-                h.lo = _mm256_loadu_ps(b);
-                h.hi = _mm256_loadu_ps(b + 8);
-            }
-            j--;
-        }
-        for (; j >= jlo; j--) h = vec256(&k, &ch, 16 * j, h, &cut, 0, 0.0f);
-    }
+AVX2_INLINE v2x8 set1_256(float x) {
+    const v2x8 r = {_mm256_set1_ps(x), _mm256_set1_ps(x)};
+    return r;
 }
 
-AVX2 static void fast_fixup256(const ctx_t *c, const bconst_t *kc) {
-    const ssz N = c->N1 * c->N2, S = c->S;
-    const k256_t k = k256_of(c, kc);
-    unsigned cut = 0;
-    for (ssz n = 0; n < N; n++) {
-        const views_t f = views_of(c, n, 1);
-        const chain512_t ch = chain512_of(&f);
-        for (ssz sg = S - 2; sg >= 0; sg--) {
-            const ssz jlo = sg * c->seg, jtop = jlo + c->seg - 1;
-            const __m256 c0 = _mm256_set1_ps(ch.o0[16 * (jtop + 1)]);
-            v2x8 h = {c0, c0};
-            cut = 0;
-            for (ssz j = jtop; j >= jlo && !cut; j--)
-                h = vec256(&k, &ch, 16 * j, h, &cut, 0, 0.0f);
-        }
-    }
+AVX2_INLINE v2x8 from16_256(v16f g) {
+    v2x8 r;
+    memcpy(&r, &g, sizeof(r));
+    return r;
 }
+
+FAST_WALK(256, AVX2, v2x8, k256_t, k256_of, vec256, set1_256, from16_256)
 #endif
 
 /* the call's row walk takes fast_units512: AVX-512, every array contiguous, gamma and
@@ -1912,10 +1883,10 @@ static PyObject *key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * (tuples of equal length), the scan's array it is (-1: none), the number it is (0
  * gamma, 1 lambda, -1: none) and that number's range. */
 static PyObject *recording(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if ((nargs != 5 && nargs != 6) || !PyBytes_Check(args[0]) ||
+    if (nargs != 6 || !PyBytes_Check(args[0]) ||
         PyBytes_GET_SIZE(args[0]) != (Py_ssize_t)sizeof(prepared_t)) {
         PyErr_SetString(PyExc_TypeError,
-                        "_cscan.recording(prepared, addr, num, lo, hi[, extents])");
+                        "_cscan.recording(prepared, addr, num, lo, hi, extents)");
         return NULL;
     }
     replay_t rp;
@@ -1941,10 +1912,8 @@ static PyObject *recording(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         rp.addr[i] = (int8_t)a;
         rp.num[i] = (int8_t)m;
-        if (nargs == 6) {
-            rp.extent[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[5], i));
-            if (rp.extent[i] == -1 && PyErr_Occurred()) return NULL;
-        }
+        rp.extent[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[5], i));
+        if (rp.extent[i] == -1 && PyErr_Occurred()) return NULL;
     }
     return PyBytes_FromStringAndSize((const char *)&rp, sizeof(rp));
 }
@@ -2407,7 +2376,7 @@ static PyMethodDef methods[] = {
      "key(prefix, args, time_dim, tuning): the key replay() looks a call up by (bytes), "
      "or None where the call has none."},
     {"recording", (PyCFunction)(void (*)(void))recording, METH_FASTCALL,
-     "recording(prepared, addr, num, lo, hi[, extents]): a prepared call and, per "
+     "recording(prepared, addr, num, lo, hi, extents): a prepared call and, per "
      "argument of the user's call, the scan's array it is (or -1; 0 and 1 for out= "
      "tensors), the number it is (0 gamma, 1 lambda, or -1), that number's range and, "
      "for an out= call, each tensor's extent in bytes; bytes for replay()."},
