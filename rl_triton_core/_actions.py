@@ -27,9 +27,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton import knobs
 
-from rl_triton_core import _claunch, _config, _cpu_c, _dispatch, _launch, _table
+from rl_triton_core import _claunch, _config, _dispatch, _launch, _table
 from rl_triton_core._kernel import _apply, _column, _combine
 from rl_triton_core._layout import Layout
 
@@ -523,9 +522,9 @@ def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
         for _, idx, hi in _FUSED_NUMBERS:
             checks[idx] = (0.0, hi)
         (_, _, time_dim), tune = key[0], key[1]
-        ckey = _cpu_c.key(_dispatch.c_prefix("retrace_from_actions"), raw[:len(RAW_FUSED)],
-                          time_dim, tune)
+        ckey = _claunch.key(_dispatch.c_prefix("retrace_from_actions"),
+                            raw[:len(RAW_FUSED)], time_dim, tune)
         _dispatch._store(ckey, _claunch.record(
-            knobs.runtime, ckey, [(kernel, grid, (*args, *p.kernels[0][2]))],
+            ckey, [(kernel, grid, (*args, *p.kernels[0][2]))],
             [(args[0], False)], [(_claunch.P_ALLOC, 0)], checks, [0] * len(RAW_FUSED),
             args[0].device, tune, source))

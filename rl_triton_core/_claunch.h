@@ -67,7 +67,8 @@ static PyObject *torch_empty_strided, *torch_zeros, *triton_runtime, *kw_dtype_d
 static PyObject *s_enter_hook, *s_exit_hook, *s_calls;
 
 /* gpu_hooks(triton.knobs.runtime): where the replay reads Triton's launch hooks; called
- * as the first record is kept, from when on CUDA calls build keys; True */
+ * (by _claunch.key) before the first CUDA call is keyed for a record, from when on CUDA
+ * calls build keys; True */
 static PyObject *gpu_hooks(PyObject *self, PyObject *arg) {
     Py_INCREF(arg);
     Py_XSETREF(triton_runtime, arg);

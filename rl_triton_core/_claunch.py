@@ -14,8 +14,8 @@ constants left out and its tuples flattened, then the scratch pointers Triton ap
 the driver reports for the function; anything that does not match, and any launch
 Triton would start differently (clusters, cooperative or programmatic launches,
 scratch memory, launch hooks), is not recorded and keeps the Python path.
-It is off by default: ``RL_TRITON_CORE_C_LAUNCH=1`` (read when a call is recorded)
-turns it on, ``0`` keeps every call on Triton's launcher.
+It is on by default where it is available; ``RL_TRITON_CORE_C_LAUNCH=0`` (read when a
+call is recorded) keeps every call on Triton's launcher.
 """
 
 from __future__ import annotations
@@ -45,12 +45,30 @@ def available() -> bool:
     return _bound
 
 
-DEFAULT = "0"  # RL_TRITON_CORE_C_LAUNCH where it is not set
+DEFAULT = "1"  # RL_TRITON_CORE_C_LAUNCH where it is not set
 
 
 def enabled() -> bool:
     """Whether a CUDA call is recorded for the C replay: switched on and available."""
     return os.environ.get("RL_TRITON_CORE_C_LAUNCH", DEFAULT) == "1" and available()
+
+
+_armed = False
+
+
+def key(prefix: bytes, args: tuple, time_dim, tune):
+    """The C replay's key of a CUDA call about to be recorded (see ``_cpu_c.key``), or
+    None. The first one tells the C side where Triton's launch hooks are read
+    (``knobs.runtime``) and lets CUDA calls build keys from then on: before it, a CUDA
+    call at the front door builds none (a CUDA key that no record could match would
+    cost every call a lookup)."""
+    global _armed
+    if not _armed:
+        from triton import knobs
+
+        _cpu_c._cscan.gpu_hooks(knobs.runtime)
+        _armed = True
+    return _cpu_c.key(prefix, args, time_dim, tune)
 
 
 def _flatten(sig, value, path, out):
@@ -112,17 +130,16 @@ def _launch_of(kernel, grid, full, source):
             32 * md.num_warps, md.shared, tuple(params))
 
 
-def record(runtime, ckey, launches, allocs, returns, checks, extents, device, tune, source):
-    """The C record of a CUDA call, to keep under ``ckey`` (the C replay's key) in the plan
-    dictionary; None where it cannot be recorded. ``runtime``: Triton's
-    ``knobs.runtime`` (the replay reads its launch hooks); ``launches`` [(compiled kernel, grid, its
-    positional arguments)], ``allocs`` [(tensor, zeroed)] the tensors the call allocates
-    (their shapes, strides and dtypes; zeroed: torch.zeros), ``returns`` the results
-    ((P_ALLOC, allocation) or (P_ARG, argument) for an out= tensor), per argument of the
-    call ``checks`` (None or a number's (lo, hi)) and ``extents`` (bytes from a tensor's
-    address, which an out= tensor must not share; 0 for none), ``source(path)`` a
-    parameter's source ((kind, index) or None for a constant; ``path``: (argument
-    position,) or (position, tuple index))."""
+def record(ckey, launches, allocs, returns, checks, extents, device, tune, source):
+    """The C record of a CUDA call, to keep under ``ckey`` (the C replay's key, from
+    :func:`key`) in the plan dictionary; None where it cannot be recorded. ``launches``
+    [(compiled kernel, grid, its positional arguments)], ``allocs`` [(tensor, zeroed)]
+    the tensors the call allocates (their shapes, strides and dtypes; zeroed:
+    torch.zeros), ``returns`` the results ((P_ALLOC, allocation) or (P_ARG, argument) for
+    an out= tensor), per argument of the call ``checks`` (None or a number's (lo, hi))
+    and ``extents`` (bytes from a tensor's address, which an out= tensor must not share;
+    0 for none), ``source(path)`` a parameter's source ((kind, index) or None for a
+    constant; ``path``: (argument position,) or (position, tuple index))."""
     if ckey is None or not enabled() or len(allocs) > 4:
         return None
     try:
@@ -131,7 +148,7 @@ def record(runtime, ckey, launches, allocs, returns, checks, extents, device, tu
         return None
     blob = _cpu_c._cscan.grecord(len(checks), len(allocs), tuple(checks), recs,
                                  tuple(returns), tuple(extents))
-    if blob is None or not _cpu_c._cscan.gpu_hooks(runtime):
+    if blob is None:
         return None
     global recorded
     recorded = True

@@ -190,10 +190,11 @@ def _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx, o
         if plan is not None and out0.device.type == "cuda" and _claunch.enabled():
             # the same launch for the C replay, under its key (no Python on a repeat):
             # the user's arguments, with the out= slots where there are out= tensors
-            (name, _, time_dim), tune = key[0], key[1]
-            cargs = raw if user_out else raw[:-2]
-            ckey = _cpu_c.key(c_prefix(name), cargs, time_dim, tune)
-            _store(ckey, _launch.record_c(ckey, plan, call, len(cargs), tune))
+            named = _front_door(key)
+            if named is not None:
+                cargs = raw if user_out else raw[:-2]
+                ckey = _claunch.key(c_prefix(named[0]), cargs, named[1], key[1])
+                _store(ckey, _launch.record_c(ckey, plan, call, len(cargs), key[1]))
 
 
 _F64 = np.zeros(1)
@@ -319,6 +320,14 @@ def _np_of(t, detach, as_u8, shape, strides):
     return _np_view(t.numpy(), shape, strides)
 
 
+def _front_door(key):
+    """(estimator name, time_dim) of a public call's plan key (``_call.forward``'s); None
+    for the backward passes' keys (a mode first), whose calls the C replay does not
+    repeat."""
+    k = key[0]
+    return (k[0], k[2]) if type(k) is tuple and len(k) == 3 and type(k[0]) is str else None
+
+
 def c_prefix(name: str) -> bytes:
     """An estimator's prefix in the keys of the C replay (``_cpu_c.replay``)."""
     return name.encode() + b"/"
@@ -332,7 +341,10 @@ def _record_c(fast, p, out0, out1, user_out=False):
     C replay checks on each call from the extents recorded here."""
     global out_recorded
     key, raw, _ = fast
-    (name, _, time_dim), tune = key[0], key[1]
+    named = _front_door(key)
+    if named is None:
+        return
+    (name, time_dim), tune = named, key[1]
     # the C replay gets the arguments, and the out= slots where there are out= tensors
     args = raw if user_out else raw[:-2]
     if any(a[2] for a in p.arrays) or (not user_out and (not out0.is_contiguous() or (

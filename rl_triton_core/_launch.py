@@ -507,5 +507,5 @@ def record_c(ckey, plan, launched_call, nargs, tune):
     for idx, lo, hi in plan.checks:
         checks[idx] = (float(lo), float(hi))
     launches = [(k, grid, (*args, *consts)) for k, grid, consts in plan.kernels]
-    return c.record(knobs.runtime, ckey, launches, allocs, returns, checks, extents,
+    return c.record(ckey, launches, allocs, returns, checks, extents,
                     plan.device, tune, source)

@@ -80,7 +80,7 @@ def _build_time() -> str:
 def _gpu_launch() -> str:
     """How a repeated CUDA call starts its kernels: from C, or through Triton's launcher."""
     if os.environ.get("RL_TRITON_CORE_C_LAUNCH", _claunch.DEFAULT) != "1":
-        return "GPU launch: Triton's launcher (RL_TRITON_CORE_C_LAUNCH=1: repeated calls from C)"
+        return "GPU launch: Triton's launcher (RL_TRITON_CORE_C_LAUNCH=0)"
     if _claunch.available():
         return "GPU launch: a repeated call from C (cuLaunchKernel on torch's current stream)"
     why = ("the C extension was not built" if _cpu_c._cscan is None else

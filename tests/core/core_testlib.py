@@ -242,9 +242,17 @@ def full_path(monkeypatch, fn):
         return fn()
 
 
+def python_plans():
+    """The Python path's recorded plans (``_dispatch._PLANS`` also holds the C replay's
+    records, under bytes keys)."""
+    from rl_triton_core import _dispatch
+
+    return [p for k, p in _dispatch._PLANS.items() if type(k) is not bytes]
+
+
 def spy_c_replay(monkeypatch, sink):
-    """Append each result of the CPU's C replay that is not None (a replayed call) to
-    ``sink``; a no-op where the C replay is not available."""
+    """Append each result of the C replay that is not None (a replayed call, CPU or
+    CUDA) to ``sink``; a no-op where the C replay is not available."""
     from rl_triton_core import estimators
 
     real = estimators._replay

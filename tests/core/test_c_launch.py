@@ -17,7 +17,7 @@ from rl_triton_core import _claunch, _cpu_c, _dispatch
 
 @pytest.fixture(autouse=True)
 def _c_launch_on(monkeypatch):
-    """The C launch switched on (it is off by default) for every test here."""
+    """The C launch switched on (the default) for every test here."""
     monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", "1")
 
 
@@ -302,12 +302,15 @@ def test_no_c_launch_without_cuda():
     assert not _claunch.available() and not _claunch.enabled()
 
 
-def test_c_launch_is_off_by_default(monkeypatch):
+def test_c_launch_is_on_by_default(monkeypatch):
     monkeypatch.delenv("RL_TRITON_CORE_C_LAUNCH", raising=False)
     monkeypatch.setattr(_claunch, "_bound", True)  # as if it were available
-    assert not _claunch.enabled()
-    monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", "1")
     assert _claunch.enabled()
+    monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", "0")
+    assert not _claunch.enabled()
+    monkeypatch.setattr(_claunch, "_bound", False)  # not built, or no driver: Triton's launcher
+    monkeypatch.delenv("RL_TRITON_CORE_C_LAUNCH")
+    assert not _claunch.enabled()
 
 
 @pytest.mark.gpu
