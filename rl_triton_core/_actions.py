@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 from rl_triton_core import _claunch, _config, _dispatch, _launch, _table
 from rl_triton_core._kernel import _apply, _column, _combine
@@ -522,7 +523,7 @@ def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
         for _, idx, hi in _FUSED_NUMBERS:
             checks[idx] = (0.0, hi)
         (_, _, time_dim), tune = key[0], key[1]
-        ckey = _claunch.key(_dispatch.c_prefix("retrace_from_actions"),
+        ckey = _claunch.key(knobs.runtime, _dispatch.c_prefix("retrace_from_actions"),
                             raw[:len(RAW_FUSED)], time_dim, tune)
         _dispatch._store(ckey, _claunch.record(
             ckey, [(kernel, grid, (*args, *p.kernels[0][2]))],

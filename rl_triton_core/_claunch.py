@@ -56,17 +56,15 @@ def enabled() -> bool:
 _armed = False
 
 
-def key(prefix: bytes, args: tuple, time_dim, tune):
+def key(runtime, prefix: bytes, args: tuple, time_dim, tune):
     """The C replay's key of a CUDA call about to be recorded (see ``_cpu_c.key``), or
     None. The first one tells the C side where Triton's launch hooks are read
-    (``knobs.runtime``) and lets CUDA calls build keys from then on: before it, a CUDA
-    call at the front door builds none (a CUDA key that no record could match would
-    cost every call a lookup)."""
+    (``runtime``: ``triton.knobs.runtime``) and lets CUDA calls build keys from then on:
+    before it, a CUDA call at the front door builds none (a CUDA key that no record could
+    match would cost every call a lookup)."""
     global _armed
     if not _armed:
-        from triton import knobs
-
-        _cpu_c._cscan.gpu_hooks(knobs.runtime)
+        _cpu_c._cscan.gpu_hooks(runtime)
         _armed = True
     return _cpu_c.key(prefix, args, time_dim, tune)
 

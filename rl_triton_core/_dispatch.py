@@ -193,7 +193,8 @@ def _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx, o
             named = _front_door(key)
             if named is not None:
                 cargs = raw if user_out else raw[:-2]
-                ckey = _claunch.key(c_prefix(named[0]), cargs, named[1], key[1])
+                ckey = _claunch.key(_launch.knobs.runtime, c_prefix(named[0]), cargs,
+                                    named[1], key[1])
                 _store(ckey, _launch.record_c(ckey, plan, call, len(cargs), key[1]))
 
 

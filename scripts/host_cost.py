@@ -94,8 +94,10 @@ def estimator_calls(n, t, device, gen):
                                                    time_dim=-1)),
     }
 
+    has_out = takes_out("gae")  # once: inspect.signature costs more than the call
+
     def gae_out():
-        if not takes_out("gae"):
+        if not has_out:
             raise TypeError("this gae() has no out= parameter")
         return g("gae")(r, v, term, bootstrap_value=boot, time_dim=-1, out=outs)
 
