@@ -112,11 +112,41 @@ def set_tuning(value: Tuning) -> Tuning:
     return previous
 
 
-@contextlib.contextmanager
+_CHANGED = {}  # (tuning, changes) -> the interned tuning with those changes
+
+
+class _Block(contextlib.ContextDecorator):
+    """The context manager of :func:`tuning` (a class: a generator-based one costs more
+    than a short call; also a decorator, as ``contextlib.contextmanager``'s)."""
+
+    __slots__ = ("changes", "previous")
+
+    def _recreate_cm(self):  # each decorated call its own block
+        return _Block(self.changes)
+
+    def __init__(self, changes):
+        self.changes = changes
+
+    def __enter__(self) -> Tuning:
+        global _current
+        try:
+            key = (_current, tuple(self.changes.items()))
+            new = _CHANGED.get(key)
+        except TypeError:  # an unhashable value: Tuning's own check says what is wrong
+            key = new = None
+        if new is not None:  # a block entered before with these changes: its tuning
+            self.previous, _current = _current, new
+            return new
+        self.previous = set_tuning(_current.replace(**self.changes))
+        if key is not None and len(_CHANGED) < 4096 and _INTERNED.get(_current) is _current:
+            _CHANGED[key] = _current
+        return _current
+
+    def __exit__(self, *exc):
+        set_tuning(self.previous)
+        return False
+
+
 def tuning(**changes):
     """Run a block with some knobs changed (see [`Tuning`][] for their names)."""
-    previous = set_tuning(_current.replace(**changes))
-    try:
-        yield _current
-    finally:
-        set_tuning(previous)
+    return _Block(changes)

@@ -22,6 +22,29 @@ def test_tuning_is_scoped_and_restored():
     assert rc.current_tuning() is before
 
 
+def test_tuning_blocks_nest_decorate_and_restore():
+    base = rc.current_tuning()
+    with rc.tuning(cpu_threads=1) as one:
+        with rc.tuning(cpu_threads=2, segment_len=32) as two:
+            assert rc.current_tuning() is two and two.cpu_threads == 2
+        with pytest.raises(RuntimeError), rc.tuning(cpu_threads=3):
+            raise RuntimeError
+        assert rc.current_tuning() is one
+        with rc.tuning(cpu_threads=2, segment_len=32) as again:  # a block seen before
+            assert again is two
+    assert rc.current_tuning() is base
+
+    @rc.tuning(cpu_threads=3)
+    def nested(depth):  # a decorated function entered again inside itself
+        assert rc.current_tuning().cpu_threads == 3
+        return nested(depth - 1) if depth else rc.current_tuning()
+
+    assert nested(2).cpu_threads == 3 and rc.current_tuning() is base
+    with pytest.raises(ValueError, match="look_window"), rc.tuning(look_window=3):
+        pass
+    assert rc.current_tuning() is base
+
+
 def test_tuning_is_immutable_and_checked():
     t = rc.current_tuning()
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -71,6 +94,7 @@ def test_a_block_entered_again_repeats_its_recorded_calls(monkeypatch):
 
     # the values other tests set in this process left out (the table is bounded)
     monkeypatch.setattr(_config, "_INTERNED", {rc.current_tuning(): rc.current_tuning()})
+    monkeypatch.setattr(_config, "_CHANGED", {})
     with rc.tuning(cpu_threads=1) as a:
         pass
     with rc.tuning(cpu_threads=1) as b:
