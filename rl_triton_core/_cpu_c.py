@@ -57,11 +57,12 @@ def handles(key) -> bool:
             and not key[12] and enabled())
 
 
-def _scan_args(key, args, threads):
+def _scan_args(key, a, threads):
+    """``_cscan.scan``'s arguments from the variant ``key`` and ``a`` (``_dispatch.CpuArgs``)."""
     (mode, _, two_out, has_v, has_nv, has_trunc, has_boot, _, g_t, l_t) = key[:10]
-    o0, o1, x, v, nv, term, trunc, boot, g, lm, gs, lms = args[:12]
     return (mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads or THREADS,
-            o0, o1, x, v, nv, term, trunc, boot, g, lm, float(gs), float(lms))
+            a.out0, a.out1, a.x, a.v, a.nv, a.term, a.trunc, a.boot, a.g, a.lm, float(a.gs),
+            float(a.lms))
 
 
 def prepare(key, args, threads=None):

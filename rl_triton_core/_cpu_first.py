@@ -88,15 +88,15 @@ def _warm(key, fn_args):
         _READY.add(key)
 
 
-def gae(key, o0, o1, *args) -> bool:
-    """Write GAE into ``o0`` (and ``o1`` = o0 + V) from the numba kernel's arguments;
+def gae(key, out0, out1, *args) -> bool:
+    """Write GAE into ``out0`` (and ``out1`` = out0 + V) from the numba kernel's arguments;
     False (nothing written) where a piece is too long for the loop to pay. Silent on
     NaN and inf, as the numba loop is (no numpy RuntimeWarning)."""
     with np.errstate(all="ignore"):
-        return _gae(key, o0, o1, *args)
+        return _gae(key, out0, out1, *args)
 
 
-def _gae(key, o0, o1, x, v, nv, term, trunc, boot, g, lm, gs, lms) -> bool:
+def _gae(key, out0, out1, x, v, nv, term, trunc, boot, g, lm, gs, lms) -> bool:
     (_, _, two_out, has_v, has_nv, has_trunc, has_boot, _, g_t, l_t) = key[:10]
     N1, N2, T = x.shape
     N = N1 * N2
@@ -164,9 +164,9 @@ def _gae(key, o0, o1, x, v, nv, term, trunc, boot, g, lm, gs, lms) -> bool:
             B[k, pid] = bt.ravel()
             bt = B
         h = _loop(A, bt, K)[k, pid].reshape(N, T)
-    o0[...] = h.reshape(N1, N2, T)
-    if two_out:  # h + V in float64, rounded once into o1's dtype, as the numba loop stores
-        np.add(h.reshape(N1, N2, T), v if has_v else 0.0, out=o1)
+    out0[...] = h.reshape(N1, N2, T)
+    if two_out:  # h + V in float64, rounded once into out1's dtype, as the numba loop stores
+        np.add(h.reshape(N1, N2, T), v if has_v else 0.0, out=out1)
     return True
 
 

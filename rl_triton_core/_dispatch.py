@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -260,10 +261,11 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, lik
     key = (mode, reverse, two_out, get("v") is not None, get("nv") is not None,
            get("trunc") is not None, get("boot") is not None, get("init") is not None,
            gt is not None, lt is not None, rbt is not None, cbt is not None, pbt is not None)
-    args = (o0, o1, a3(ins["x"]), a3(get("v")), a3(get("nv")), a3(get("term"), True),
-            a3(get("trunc"), True), a2(get("boot")), a3(gt), a3(lt), _s(gs), _s(ls),
-            a2(get("init")), a3(get("rho")), a3(rbt), a3(cbt), a3(pbt), _s(rbs), _s(cbs),
-            _s(pbs))
+    args = CpuArgs(out0=o0, out1=o1, x=a3(ins["x"]), v=a3(get("v")), nv=a3(get("nv")),
+                   term=a3(get("term"), True), trunc=a3(get("trunc"), True),
+                   boot=a2(get("boot")), g=a3(gt), lm=a3(lt), gs=_s(gs), lms=_s(ls),
+                   init=a2(get("init")), rho=a3(get("rho")), rb=a3(rbt), cb=a3(cbt),
+                   pb=a3(pbt), rbs=_s(rbs), cbs=_s(cbs), pbs=_s(pbs))
     if _cpu_c.handles(key) and _cpu_c.run(key, args, tune.cpu_threads):
         # the C kernel (built at install time): no JIT, no background loading
         if fast is not None and fast[0] is not None and direct:
@@ -304,12 +306,40 @@ def _store(key, plan):
         pass
 
 
-# numba argument position of each input slot (see ``args`` in :func:`_run_cpu`)
+class CpuArgs(NamedTuple):
+    """The CPU scan's arguments, named as the numba kernel's parameters
+    (``_cpu.kernel``'s ``scan``; the C kernel takes the first twelve): the outputs, an
+    array per input slot (a 0-stride stand-in where absent), and per coefficient slot
+    ``s`` its per-step array ``s`` and its number ``s + "s"``."""
+
+    out0: object
+    out1: object
+    x: object
+    v: object
+    nv: object
+    term: object
+    trunc: object
+    boot: object
+    g: object
+    lm: object
+    gs: float
+    lms: float
+    init: object
+    rho: object
+    rb: object
+    cb: object
+    pb: object
+    rbs: float
+    cbs: float
+    pbs: float
+
+
+_POS = {name: i for i, name in enumerate(CpuArgs._fields)}
+_C_ARRAYS = CpuArgs._fields[:10]  # the C kernel's arrays, in its order (_cscan.run)
+_C_NUMBERS = (_POS["gs"], _POS["lms"])  # ... and its two numbers
 _CPU = torch.device("cpu")
 # a CPU out= call was recorded for the C replay (the front door looks out= calls up then)
 out_recorded = False
-_CPU_POS = {"x": 2, "v": 3, "nv": 4, "term": 5, "trunc": 6, "boot": 7, "init": 12, "rho": 13}
-_CPU_NUM_POS = {"g": 10, "lm": 11, "rb": 17, "cb": 18, "pb": 19}
 
 
 def _np_of(t, detach, as_u8, shape, strides):
@@ -359,7 +389,7 @@ def _record_c(fast, p, out0, out1, user_out=False):
     for pos, idx, *_ in p.arrays:
         addr[idx] = pos
     for pos, idx in p.numbers:
-        num[idx] = pos - 10  # 10: gamma, 11: lambda (the only numbers of the C kernel)
+        num[idx] = _C_NUMBERS.index(pos)  # 0: gamma, 1: lambda
     for idx, lo_, hi_ in p.checks:
         lo[idx], hi[idx] = float(lo_), float(hi_)
     extents = None
@@ -407,7 +437,7 @@ class CpuPlan:
             if t is None:  # absent: the template's stand-in
                 continue
             idx = index.get(slot)
-            pos = _CPU_POS.get(slot)
+            pos = _POS.get(slot)  # the slot's array, by its name
             if pos is None:
                 return None
             a = args[pos]
@@ -427,23 +457,23 @@ class CpuPlan:
                 continue
             if type(user) is not float and type(user) is not int:
                 return None
-            p.numbers.append((_CPU_NUM_POS[slot], idx))
+            p.numbers.append((_POS[slot + "s"], idx))  # the slot's number
             lo, hi = COEF_RANGE[slot]
             p.checks.append((idx, lo, math.inf if hi is None else hi))
         p.like = None if like_idx is None else index.get(like_idx)
         if like_idx is not None and p.like is None:
             return None
         p.dtype, p.shape, p.two_out = out0.dtype, layout.shape, out1 is not None
-        o0 = args[0]
+        o0 = args.out0
         if o0.__array_interface__["data"][0] != out0.data_ptr():
             return None
         p.out_view = (o0.shape, o0.strides)
-        template[0] = template[1] = None
+        template[_POS["out0"]] = template[_POS["out1"]] = None
         p.template = template
         # the C kernel's call recorded once: a replay passes its tensors' addresses
         # (the key fixes their shapes, strides and dtypes), no numpy view is built
         p.prepared = _cpu_c.prepare(kernel_key, args, threads) if fn is None else None
-        p.gl = [template[10], template[11]]
+        p.gl = [args.gs, args.lms]
         if p.prepared is not None:
             _record_c(fast, p, out0, out1, user_out)
         return p
@@ -467,24 +497,25 @@ class CpuPlan:
             out0 = torch.empty(self.shape, dtype=self.dtype)
         out1 = torch.empty_like(out0) if self.two_out else None
         if self.prepared is not None:
-            addr = [0] * 10
-            addr[0] = out0.data_ptr()
-            addr[1] = out1.data_ptr() if out1 is not None else addr[0]
+            addr = [0] * len(_C_ARRAYS)  # array positions: CpuArgs' first ten
+            addr[_POS["out0"]] = out0.data_ptr()
+            addr[_POS["out1"]] = out1.data_ptr() if out1 is not None else out0.data_ptr()
             for pos, idx, _, _, _, _ in self.arrays:
                 addr[pos] = raw[idx].data_ptr()
             gl = list(self.gl)
             for pos, idx in self.numbers:
-                gl[pos - 10] = float(raw[idx])
+                gl[_C_NUMBERS.index(pos)] = float(raw[idx])
             _cpu_c.run_prepared(self.prepared, gl[0], gl[1], addr)
             return (out0, out1) if self.two_out else out0
         args = list(self.template)
         shape, strides = self.out_view
-        args[0] = o0 = _np_of(out0, False, False, shape, strides)
-        args[1] = _np_of(out1, False, False, shape, strides) if self.two_out else o0
+        args[_POS["out0"]] = o0 = _np_of(out0, False, False, shape, strides)
+        args[_POS["out1"]] = _np_of(out1, False, False, shape, strides) if self.two_out else o0
         for pos, idx, detach, as_u8, shape, strides in self.arrays:
             args[pos] = _np_of(raw[idx], detach, as_u8, shape, strides)
         for pos, idx in self.numbers:
             args[pos] = float(raw[idx])
+        args = CpuArgs._make(args)
         if c_kernel:
             if not _cpu_c.run(self.kernel_key, args, self.threads):
                 return None

@@ -141,3 +141,20 @@ def test_a_bool_time_dim_is_not_a_replay(plans):
     assert plans
     with pytest.raises(TypeError, match="time_dim"):
         rc.linear_recurrence(a, b, time_dim=True)
+
+
+def test_cpu_arguments_are_named_as_the_kernels_parameters():
+    """The CPU scan's argument record (``_dispatch.CpuArgs``) is the numba kernel's
+    parameter list by name, and its first twelve the first-call numpy loop's; the plan
+    finds an input slot's array and a coefficient's number by these names."""
+    import inspect
+
+    from rl_triton_core import _cpu
+
+    fn = _cpu.kernel(1, True, True, True, False, True, True, False, False, False)
+    params = tuple(inspect.signature(fn.py_func).parameters)
+    fields = _dispatch.CpuArgs._fields
+    assert params[:len(fields)] == fields
+    assert tuple(inspect.signature(_cpu_first._gae).parameters)[1:] == fields[:12]
+    assert {"x", "v", "nv", "term", "trunc", "boot", "init", "rho"} <= set(fields)
+    assert all(s in fields and s + "s" in fields for s in ("g", "lm", "rb", "cb", "pb"))
