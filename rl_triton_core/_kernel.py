@@ -16,7 +16,7 @@ its code is not generated), a scalar coefficient is one float32 (its low part
 rides in ``LO`` for float64 data only), and the strides come in one tuple ``STR``:
 three shared by the outputs and every data input where they all agree (UNIFORM,
 the common case, with the no-time inputs contiguous), else three per data slot and
-two per no-time slot in the order of ``_launch.STRIDE_SLOTS``.
+two per no-time slot in the order of ``_table.STRIDE_SLOTS``.
 
 When there are too few streams to fill the GPU (a flat RLlib stream, 16 long
 sequences), the time axis is also split into S segments (grid axis 1):
@@ -46,22 +46,21 @@ GAE_BWD = tl.constexpr(_table.MODE_GAE_BWD)
 TD_BWD = tl.constexpr(_table.MODE_TD_BWD)
 VTRACE_BWD = tl.constexpr(_table.MODE_VTRACE_BWD)
 
-# each slot's place in a per-slot (non-uniform) STR: data slots 3 strides each, then
-# the no-time slots 2 each (_launch.STRIDE_SLOTS gives the same order)
-K_OUT = tl.constexpr(0)
-K_X = tl.constexpr(1)
-K_V = tl.constexpr(2)
-K_NV = tl.constexpr(3)
-K_TERM = tl.constexpr(4)
-K_TRUNC = tl.constexpr(5)
-K_RHO = tl.constexpr(6)
-K_G = tl.constexpr(7)
-K_LM = tl.constexpr(8)
-K_RB = tl.constexpr(9)
-K_CB = tl.constexpr(10)
-K_PB = tl.constexpr(11)
-K_BOOT = tl.constexpr(12)
-K_INIT = tl.constexpr(13)
+# each slot's place in a per-slot (non-uniform) STR, in _table.STRIDE_SLOTS' order
+K_OUT = tl.constexpr(_table.STRIDE_SLOTS.index("out"))
+K_X = tl.constexpr(_table.STRIDE_SLOTS.index("x"))
+K_V = tl.constexpr(_table.STRIDE_SLOTS.index("v"))
+K_NV = tl.constexpr(_table.STRIDE_SLOTS.index("nv"))
+K_TERM = tl.constexpr(_table.STRIDE_SLOTS.index("term"))
+K_TRUNC = tl.constexpr(_table.STRIDE_SLOTS.index("trunc"))
+K_RHO = tl.constexpr(_table.STRIDE_SLOTS.index("rho"))
+K_G = tl.constexpr(_table.STRIDE_SLOTS.index("g"))
+K_LM = tl.constexpr(_table.STRIDE_SLOTS.index("lm"))
+K_RB = tl.constexpr(_table.STRIDE_SLOTS.index("rb"))
+K_CB = tl.constexpr(_table.STRIDE_SLOTS.index("cb"))
+K_PB = tl.constexpr(_table.STRIDE_SLOTS.index("pb"))
+K_BOOT = tl.constexpr(_table.STRIDE_SLOTS.index("boot"))
+K_INIT = tl.constexpr(_table.STRIDE_SLOTS.index("init"))
 
 
 @triton.jit
@@ -188,7 +187,7 @@ def _column(h, cols, idx):
 
 
 @triton.jit
-def _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, tt, m_flags, m_coef,
+def _step(TERM, TRUNC, G, LM, g, lm, LO, STR, o1, o2, tt, m_flags, m_coef,
           UNIFORM: tl.constexpr, FP64: tl.constexpr):
     """(terminated, done, gamma, lambda) of step ``tt`` (t, or t-1 in the forward scans)."""
     term = _ld_flag(TERM, K_TERM, STR, o1, o2, tt, m_flags, UNIFORM, FP64)
@@ -198,7 +197,7 @@ def _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, tt, m_flags, m_coef,
     else:
         done = term
     gamma = _coef(G, K_G, g, LO, 0, STR, o1, o2, tt, m_coef, UNIFORM, FP64)
-    lmbda = _coef(L, K_LM, lm, LO, 1, STR, o1, o2, tt, m_coef, UNIFORM, FP64)
+    lmbda = _coef(LM, K_LM, lm, LO, 1, STR, o1, o2, tt, m_coef, UNIFORM, FP64)
     return term, done, gamma, lmbda
 
 
@@ -232,7 +231,7 @@ def _linrec(X, V, STR, o1, o2, t, m, UNIFORM: tl.constexpr, FP64: tl.constexpr):
 
 
 @triton.jit
-def _trace(X, TERM, G, L, g, lm, LO, STR, o1, o2, t, m, UNIFORM: tl.constexpr,
+def _trace(X, TERM, G, LM, g, lm, LO, STR, o1, o2, t, m, UNIFORM: tl.constexpr,
            FP64: tl.constexpr, REVERSE: tl.constexpr):
     """Forward: z_t = x_t + gamma_{t-1} lambda_{t-1} (1 - done_{t-1}) z_{t-1}; REVERSE
     (its adjoint): u_t = g_t + gamma_t lambda_t (1 - done_t) u_{t+1}. (alpha, beta)."""
@@ -243,18 +242,18 @@ def _trace(X, TERM, G, L, g, lm, LO, STR, o1, o2, t, m, UNIFORM: tl.constexpr,
         tp = tl.maximum(t - 1, 0)
         m_p = m & (t >= 1)
     x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
-    term_p, done_p, gamma, lmbda = _step(TERM, None, G, L, g, lm, LO, STR, o1, o2, tp, m_p, m,
+    term_p, done_p, gamma, lmbda = _step(TERM, None, G, LM, g, lm, LO, STR, o1, o2, tp, m_p, m,
                                          UNIFORM, FP64)
     return x, tl.where(done_p != 0, 0.0, gamma * lmbda)
 
 
 @triton.jit
-def _gae(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR, o1, o2, t, m, T,
+def _gae(X, V, NV, TERM, TRUNC, G, LM, boot, g, lm, LO, STR, o1, o2, t, m, T,
          UNIFORM: tl.constexpr, FP64: tl.constexpr):
     """alpha_t = r_t + gamma (1 - term_t) V'_t - V_t, beta_t = gamma lambda (1 - done_t);
     then V_t (the targets add it). Every (1 - flag) x is a select where(flag, 0, x) here
     and below (0 * NaN is NaN: a done flag cuts everything)."""
-    term, done, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m, m,
+    term, done, gamma, lmbda = _step(TERM, TRUNC, G, LM, g, lm, LO, STR, o1, o2, t, m, m,
                                      UNIFORM, FP64)
     v, vnext, nv = _next_value(V, NV, boot, STR, o1, o2, t, m, T, UNIFORM, FP64)
     x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
@@ -262,11 +261,11 @@ def _gae(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR, o1, o2, t, m, T,
 
 
 @triton.jit
-def _tdlambda(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR, o1, o2, t, m, T,
+def _tdlambda(X, V, NV, TERM, TRUNC, G, LM, boot, g, lm, LO, STR, o1, o2, t, m, T,
               UNIFORM: tl.constexpr, FP64: tl.constexpr):
     """G_t = r_t + gamma (1 - term_t) [(1 - lambda c_t) V'_t + lambda c_t G_{t+1}],
     c_t = 1 - done_t (0 at T-1): (alpha, beta)."""
-    term, done, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m, m,
+    term, done, gamma, lmbda = _step(TERM, TRUNC, G, LM, g, lm, LO, STR, o1, o2, t, m, m,
                                      UNIFORM, FP64)
     v, vnext, nv = _next_value(V, NV, boot, STR, o1, o2, t, m, T, UNIFORM, FP64)
     x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
@@ -276,11 +275,11 @@ def _tdlambda(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR, o1, o2, t, m, T
 
 
 @triton.jit
-def _vtrace(X, V, NV, TERM, TRUNC, RHO, G, L, RB, CB, PB, boot, g, lm, rb, cb, pb, LO, STR,
+def _vtrace(X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO, STR,
             o1, o2, t, m, T, UNIFORM: tl.constexpr, FP64: tl.constexpr):
     """alpha_t = rho_t (r_t + gamma (1 - term_t) V'_t - V_t), beta_t = gamma (1 - done_t)
     c_t; then V_t and pg_t = p0 + [cont] p1 (vnext + D_{t+1}): (v, p0, p1, vnext, cont)."""
-    term, done, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m, m,
+    term, done, gamma, lmbda = _step(TERM, TRUNC, G, LM, g, lm, LO, STR, o1, o2, t, m, m,
                                      UNIFORM, FP64)
     v, vnext, nv = _next_value(V, NV, boot, STR, o1, o2, t, m, T, UNIFORM, FP64)
     x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
@@ -297,7 +296,7 @@ def _vtrace(X, V, NV, TERM, TRUNC, RHO, G, L, RB, CB, PB, boot, g, lm, rb, cb, p
 
 
 @triton.jit
-def _retrace(X, V, NV, TERM, TRUNC, RHO, G, L, CB, g, lm, cb, LO, STR, o1, o2, t, m, T,
+def _retrace(X, V, NV, TERM, TRUNC, RHO, G, LM, CB, g, lm, cb, LO, STR, o1, o2, t, m, T,
              UNIFORM: tl.constexpr, FP64: tl.constexpr):
     """alpha_t = r_t + gamma (1 - term_t) E_t - Q_t, beta_t = gamma (1 - done_t) c_{t+1}
     (the trace of step t uses the ratio, lambda and c_bar of step t+1); then Q_t."""
@@ -308,14 +307,14 @@ def _retrace(X, V, NV, TERM, TRUNC, RHO, G, L, CB, g, lm, cb, LO, STR, o1, o2, t
     x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
     mn = m & (t + 1 < T)
     ratio = _exp(_ld(RHO, K_RHO, STR, o1, o2, t + 1, mn, UNIFORM, FP64), FP64)
-    lnext = _coef(L, K_LM, lm, LO, 1, STR, o1, o2, t + 1, mn, UNIFORM, FP64)
+    lnext = _coef(LM, K_LM, lm, LO, 1, STR, o1, o2, t + 1, mn, UNIFORM, FP64)
     cbn = _coef(CB, K_CB, cb, LO, 3, STR, o1, o2, t + 1, mn, UNIFORM, FP64)
     c_next = tl.where(t + 1 < T, lnext * tl.minimum(ratio, cbn), 0.0)
     return x + tl.where(term != 0, 0.0, gamma * e) - q, tl.where(done != 0, 0.0, gamma * c_next), q
 
 
 @triton.jit
-def _returns_bwd(X, V, TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m,
+def _returns_bwd(X, V, TERM, TRUNC, G, LM, g, lm, LO, STR, o1, o2, t, m,
                  UNIFORM: tl.constexpr, FP64: tl.constexpr, IS_GAE: tl.constexpr):
     """The adjoint of GAE (IS_GAE) or TD(lambda), a forward scan: X = dL/dadvantages or
     dL/dreturns, V = dL/dtargets (GAE); u_t = g_t + beta_{t-1} u_{t-1} with every
@@ -323,7 +322,7 @@ def _returns_bwd(X, V, TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m,
     target gradient, a_{t-1}, the values' gradient factor of u_{t-1}, and where that
     term is cut (t = 0 or terminated_{t-1}: the store selects 0 there)."""
     tp = tl.maximum(t - 1, 0)
-    term_p, done_p, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, tp,
+    term_p, done_p, gamma, lmbda = _step(TERM, TRUNC, G, LM, g, lm, LO, STR, o1, o2, tp,
                                          m & (t >= 1), m, UNIFORM, FP64)
     x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
     if V is not None:
@@ -342,7 +341,7 @@ def _returns_bwd(X, V, TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, t, m,
 
 
 @triton.jit
-def _vtrace_bwd(X, V, TERM, TRUNC, RHO, G, L, RB, CB, PB, g, lm, rb, cb, pb, LO, STR,
+def _vtrace_bwd(X, V, TERM, TRUNC, RHO, G, LM, RB, CB, PB, g, lm, rb, cb, pb, LO, STR,
                 o1, o2, t, m, UNIFORM: tl.constexpr, FP64: tl.constexpr):
     """The adjoint of V-trace (shifted values), a forward scan: X = dL/dvs, V = dL/dpg;
     u_t = g_vs_t + K_{t-1} + beta_{t-1} u_{t-1}, the trace coefficients the forward's at
@@ -353,7 +352,7 @@ def _vtrace_bwd(X, V, TERM, TRUNC, RHO, G, L, RB, CB, PB, g, lm, rb, cb, pb, LO,
     terminated_{t-1})."""
     tp = tl.maximum(t - 1, 0)
     mp = m & (t >= 1)
-    term_p, done_p, gamma, lmbda = _step(TERM, TRUNC, G, L, g, lm, LO, STR, o1, o2, tp, mp, m,
+    term_p, done_p, gamma, lmbda = _step(TERM, TRUNC, G, LM, g, lm, LO, STR, o1, o2, tp, mp, m,
                                          UNIFORM, FP64)
     x = _ld(X, K_X, STR, o1, o2, t, m, UNIFORM, FP64)
     gp = _ld(V, K_V, STR, o1, o2, t, m, UNIFORM, FP64)
@@ -462,7 +461,7 @@ def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
 
 @triton.jit(do_not_specialize=["UNIT"])
 def scan_kernel(
-    OUT0, OUT1, X, V, NV, TERM, TRUNC, RHO, G, L, RB, CB, PB, BOOT, INIT, WS,
+    OUT0, OUT1, X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, BOOT, INIT, WS,
     g, lm, rb, cb, pb, LO, STR,
     N, N2, T, SEG_LEN, S, UNIT,
     MODE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr, UNIFORM: tl.constexpr,
@@ -474,7 +473,7 @@ def scan_kernel(
 
     Pointers: X (rewards, alpha, x or an upstream gradient), V (values, beta, Q or a
     second gradient), NV (next values or E_t), TERM, TRUNC (flags), RHO (log ratios),
-    per-step coefficient tensors G, L, RB, CB, PB (gamma, lambda, the three clip
+    per-step coefficient tensors G, LM, RB, CB, PB (gamma, lambda, the three clip
     thresholds) and BOOT, INIT ([N1, N2]); each None where absent. g, lm, rb, cb, pb:
     the scalar coefficients where there is no tensor (None where unused: 1), with
     their float64 low parts in LO. WS: the segmented plans' workspace.
@@ -588,28 +587,28 @@ def scan_kernel(
             if MODE == LINREC:
                 alpha, beta = _linrec(X, V, STR, o1, o2, t, m, UNIFORM, FP64)
             elif MODE == TRACE:
-                alpha, beta = _trace(X, TERM, G, L, g, lm, LO, STR, o1, o2, t, m, UNIFORM, FP64,
+                alpha, beta = _trace(X, TERM, G, LM, g, lm, LO, STR, o1, o2, t, m, UNIFORM, FP64,
                                      REVERSE)
             elif MODE == GAE:
-                alpha, beta, v = _gae(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR,
+                alpha, beta, v = _gae(X, V, NV, TERM, TRUNC, G, LM, boot, g, lm, LO, STR,
                                       o1, o2, t, m, T, UNIFORM, FP64)
             elif MODE == TDLAMBDA:
-                alpha, beta = _tdlambda(X, V, NV, TERM, TRUNC, G, L, boot, g, lm, LO, STR,
+                alpha, beta = _tdlambda(X, V, NV, TERM, TRUNC, G, LM, boot, g, lm, LO, STR,
                                         o1, o2, t, m, T, UNIFORM, FP64)
             elif MODE == VTRACE:
                 alpha, beta, v, p0, p1, vnext, cont = _vtrace(
-                    X, V, NV, TERM, TRUNC, RHO, G, L, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
+                    X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
                     STR, o1, o2, t, m, T, UNIFORM, FP64)
             elif MODE == RETRACE:
-                alpha, beta, v = _retrace(X, V, NV, TERM, TRUNC, RHO, G, L, CB, g, lm, cb, LO,
+                alpha, beta, v = _retrace(X, V, NV, TERM, TRUNC, RHO, G, LM, CB, g, lm, cb, LO,
                                           STR, o1, o2, t, m, T, UNIFORM, FP64)
             elif MODE == GAE_BWD or MODE == TD_BWD:
-                alpha, beta, v, p1, cut = _returns_bwd(X, V, TERM, TRUNC, G, L, g, lm, LO, STR,
+                alpha, beta, v, p1, cut = _returns_bwd(X, V, TERM, TRUNC, G, LM, g, lm, LO, STR,
                                                   o1, o2, t, m, UNIFORM, FP64, MODE == GAE_BWD)
             else:
                 tl.static_assert(MODE == VTRACE_BWD)
                 alpha, beta, v, p0, p1, vnext, cont, extra, cut = _vtrace_bwd(
-                    X, V, TERM, TRUNC, RHO, G, L, RB, CB, PB, g, lm, rb, cb, pb, LO, STR,
+                    X, V, TERM, TRUNC, RHO, G, LM, RB, CB, PB, g, lm, rb, cb, pb, LO, STR,
                     o1, o2, t, m, UNIFORM, FP64)
             alpha = tl.where(m, alpha, 0.0)
             beta = tl.where(m, beta, 1.0)

@@ -33,17 +33,17 @@ from rl_triton_core._config import Tuning, current_tuning
 from rl_triton_core._kernel import scan_kernel
 from rl_triton_core._validate import extent
 
-# kernel argument positions (scan_kernel's signature)
-POINTER_POS = {"x": 2, "v": 3, "nv": 4, "term": 5, "trunc": 6, "rho": 7, "g": 8, "lm": 9,
-               "rb": 10, "cb": 11, "pb": 12, "boot": 13, "init": 14}
-WS_POS = 15
-SCALAR_POS = {"g": 16, "lm": 17, "rb": 18, "cb": 19, "pb": 20}
-LO_POS, STR_POS = 21, 22
-LO_INDEX = {"g": 0, "lm": 1, "rb": 2, "cb": 3, "pb": 4}
-# the per-slot strides' order (the kernel's K_* constants): data slots, then no-time ones
-STRIDE_SLOTS = ("out", "x", "v", "nv", "term", "trunc", "rho", "g", "lm", "rb", "cb", "pb",
-                "boot", "init")
-_DATA = STRIDE_SLOTS[1:12]
+# scan_kernel's argument positions, from its parameter names: a slot's pointer is the
+# slot's name in capitals, a coefficient's number the slot's own name
+_ARG = {name: i for i, name in enumerate(scan_kernel.arg_names)}
+POINTER_POS = {s: _ARG[s.upper()]
+               for s in _table.DATA_SLOTS + _table.COEF_SLOTS + _table.NOTIME_SLOTS}
+WS_POS = _ARG["WS"]
+SCALAR_POS = {s: _ARG[s] for s in _table.COEF_SLOTS}
+LO_POS, STR_POS = _ARG["LO"], _ARG["STR"]
+LO_INDEX = {s: i for i, s in enumerate(_table.COEF_SLOTS)}  # the slot's place in LO
+STRIDE_SLOTS = _table.STRIDE_SLOTS  # (the kernel's K_* constants)
+_DATA = _table.DATA_SLOTS + _table.COEF_SLOTS
 _F32_MAX = 3.4e38  # float32 max, with room so the rounded hi stays finite
 _SM_COUNT: dict = {}
 ROW_MAX_T = 4096  # whole-row tiles (batch-major) up to this many steps

@@ -31,6 +31,10 @@ DATA_SLOTS = ("x", "v", "nv", "term", "trunc", "rho")
 NOTIME_SLOTS = ("boot", "init")
 # coefficient slots: a Python number (a scalar kernel argument) or a per-step tensor
 COEF_SLOTS = ("g", "lm", "rb", "cb", "pb")
+# the order of the scan kernel's per-slot strides (its STR argument where the slots'
+# strides differ): the output and the per-step slots, 3 strides each, then the no-time
+# slots, 2 each
+STRIDE_SLOTS = ("out",) + DATA_SLOTS + COEF_SLOTS + NOTIME_SLOTS
 COEF_OF = {"gamma": "g", "lmbda": "lm", "rho_bar": "rb", "c_bar": "cb", "pg_rho_bar": "pb"}
 # the valid range of each coefficient given as a number ([lo, hi], hi None: unbounded)
 COEF_RANGE = {"g": (0.0, 1.0), "lm": (0.0, 1.0), "rb": (0.0, None), "cb": (0.0, None),
