@@ -362,7 +362,11 @@ def fused_kernel(OUT, Q, PI, ACT, BLP, NQ, NP, BQ, BP, X, TERM, TRUNC, g, lm, cb
 # the arguments of a fused call (``_FusedPlan`` and ``fused`` take them in this order)
 RAW_FUSED = RAW[:8] + ("rewards", "terminated", "truncated", "gamma", "lmbda", "c_bar")
 _FUSED_TENSORS = 11  # the kernel's arguments 1..11 are RAW_FUSED's first eleven
-_FUSED_NUMBERS = ((12, 11, 1.0), (13, 12, 1.0), (14, 13, float("inf")))  # (arg, raw, max)
+# the numbers: (the kernel's argument, found by the coefficient slot's name; its place in
+# RAW_FUSED; its largest value)
+_FUSED_NUMBERS = tuple(
+    (fused_kernel.arg_names.index(_table.COEF_OF[name]), RAW_FUSED.index(name), hi)
+    for name, hi in (("gamma", 1.0), ("lmbda", 1.0), ("c_bar", float("inf"))))
 
 
 def _fused_tile(T: int) -> tuple:
