@@ -275,7 +275,7 @@ def _returns_backward_fused(gae, s, terminated, truncated, grads, dtype):
     mode = MODE_GAE_BWD if gae else MODE_TD_BWD
     gamma, lmbda = s.coefs
     # the cached launch, as the forward's: a training loop repeats the same shapes
-    raw = (g0, g_target, terminated, truncated, gamma, lmbda, None, None)
+    raw = (g0, g_target, terminated, truncated, gamma, lmbda, None, None)  # _BWD_SLOTS
     key, out = _dispatch.cached((mode, td, shifted_values, dtype), raw)
     if out is None:
         coefs = {"g": _constant(check.coefficient("gamma", gamma, shape)),
@@ -305,10 +305,12 @@ def _returns_backward_fused(gae, s, terminated, truncated, grads, dtype):
     return u.to(d), _cast(g_values, d), _cast(g_next, d), _cast(g_boot, d)
 
 
-# slot -> position in the fused backwards' raw tuples (upstream gradients, flags, coefficients)
-_BWD_INDEX = {"x": 0, "v": 1, "term": 2, "trunc": 3, "g": 4, "lm": 5}
-_VTRACE_BWD_INDEX = {"x": 0, "v": 1, "term": 2, "trunc": 3, "rho": 4, "g": 5, "lm": 6,
-                     "rb": 7, "cb": 8, "pb": 9}
+# the slots of the fused backwards' raw tuples, in their order (upstream gradients, flags,
+# coefficients; the two out= places after them), and slot -> position
+_BWD_SLOTS = ("x", "v", "term", "trunc", "g", "lm")
+_VTRACE_BWD_SLOTS = ("x", "v", "term", "trunc", "rho", "g", "lm", "rb", "cb", "pb")
+_BWD_INDEX = {s: i for i, s in enumerate(_BWD_SLOTS)}
+_VTRACE_BWD_INDEX = {s: i for i, s in enumerate(_VTRACE_BWD_SLOTS)}
 
 
 # ------------------------------------------------------------------------- V-trace
@@ -365,7 +367,7 @@ def _vtrace_backward_fused(s, g_vs, g_pg, log_rhos, terminated, truncated, dtype
     if g_pg is None:
         g_pg = torch.zeros(shape, dtype=dtype, device=device)
     raw = (g_vs, g_pg, terminated, truncated, log_rhos, gamma, lmbda, rho_bar, c_bar,
-           pg_rho_bar, None, None)
+           pg_rho_bar, None, None)  # _VTRACE_BWD_SLOTS
     key, out = _dispatch.cached((MODE_VTRACE_BWD, td, dtype), raw)
     if out is None:
         def coef(name, c, hi=1.0):

@@ -34,6 +34,17 @@ def _needs_c_launch():
         pytest.skip("the C launch is not available here (extension, DLPack table or driver)")
 
 
+def _launch_path(path, monkeypatch):
+    """The C replay (``"c"``, the default where it is available) or Triton's launcher
+    (``"triton"``: ``RL_TRITON_CORE_C_LAUNCH=0``)."""
+    if path == "c":
+        _needs_c_launch()
+    elif not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    else:
+        monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", "0")
+
+
 def _case(name, gen, shape, layout, dtype, gamma):
     """The estimator, its arguments (fresh random data) and keywords."""
     r, v, lr, nv, te, tr, b = _inputs(gen, shape, "cpu")
@@ -96,11 +107,13 @@ def test_c_replay_gives_the_python_paths_bits(name, shape, layout, dtype, gen, m
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", ["c", "triton"])
 @pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_cumsum"])
-def test_c_replay_under_graph_capture(name, gen, monkeypatch):
-    """A replayed call captured in a CUDA graph: its outputs come from the graph's pool
-    and its kernel runs at each replay of the graph, on the data copied in."""
-    _needs_c_launch()
+def test_c_replay_under_graph_capture(name, path, gen, monkeypatch):
+    """A repeated call captured in a CUDA graph, on both launch paths: its outputs come
+    from the graph's pool and its kernel runs at each replay of the graph, on the data
+    copied in."""
+    _launch_path(path, monkeypatch)
     _dispatch._PLANS.clear()
     fn, args, kw = _case(name, gen, (64, 200), "batch", torch.float32, 0.95)
     side = torch.cuda.Stream()
@@ -114,7 +127,7 @@ def test_c_replay_under_graph_capture(name, gen, monkeypatch):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fn(*args, **kw)
-    assert replayed, "the captured call did not take the C replay"
+    assert bool(replayed) == (path == "c"), "the captured call took the other launch path"
     _, fresh, _ = _case(name, gen, (64, 200), "batch", torch.float32, 0.95)
     for a, f in zip(args, fresh):
         if isinstance(a, torch.Tensor):
@@ -126,10 +139,12 @@ def test_c_replay_under_graph_capture(name, gen, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_c_replay_runs_on_the_current_stream(gen, monkeypatch):
+@pytest.mark.parametrize("path", ["c", "triton"])
+def test_c_replay_runs_on_the_current_stream(path, gen, monkeypatch):
     """On a side stream, after a long kernel that precedes the write of the inputs on that
-    stream: a launch on any other stream would read the inputs before the write."""
-    _needs_c_launch()
+    stream, on both launch paths: a launch on any other stream would read the inputs
+    before the write."""
+    _launch_path(path, monkeypatch)
     _dispatch._PLANS.clear()
     fn, args, kw = _case("gae", gen, (256, 512), "batch", torch.float32, 0.95)
     fn(*args, **kw)  # recorded
@@ -146,7 +161,7 @@ def test_c_replay_runs_on_the_current_stream(gen, monkeypatch):
                 a.copy_(f)
         got = fn(*args, **kw)
     torch.cuda.synchronize()
-    assert replayed
+    assert bool(replayed) == (path == "c")
     _same(got, want)
 
 
