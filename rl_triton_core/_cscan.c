@@ -2301,41 +2301,21 @@ static PyObject *use_vector(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(was);
 }
 
-/* use_fast(flag): the fast row walk on or off; returns whether it was on. For tests: the
- * other walks are then reached with the same data. */
-static PyObject *use_fast_(PyObject *self, PyObject *arg) {
-    const int was = use_fast, want = PyObject_IsTrue(arg);
-    if (want < 0) return NULL;
-    use_fast = want;
-    return PyBool_FromLong(was);
-}
-
-/* use_256(flag): the fast row walk's AVX2 path on or off; returns whether it was on
- * (for tests) */
-static PyObject *use_256_(PyObject *self, PyObject *arg) {
-    const int was = use_256, want = PyObject_IsTrue(arg);
-    if (want < 0) return NULL;
-    use_256 = want;
-    return PyBool_FromLong(was);
-}
-
-/* use_512(flag): the fast row walk's AVX-512 path on or off; returns whether it was on
- * (for tests: the generic fast walk gives the same bits) */
-static PyObject *use_512_(PyObject *self, PyObject *arg) {
-    const int was = use_512, want = PyObject_IsTrue(arg);
-    if (want < 0) return NULL;
-    use_512 = want;
-    return PyBool_FromLong(was);
-}
-
-/* use_gomp(flag): torch's OpenMP team for the threads (where loaded) on or off; returns
- * whether it was on. For tests: threads of our own are then reached. */
-static PyObject *use_gomp_(PyObject *self, PyObject *arg) {
-    const int was = pool_use_gomp, want = PyObject_IsTrue(arg);
-    if (want < 0) return NULL;
-    pool_use_gomp = want;
-    return PyBool_FromLong(was);
-}
+/* A test switch: NAME(flag) sets VAR (on or off) and returns whether it was on. Tests
+ * reach the other paths with the same data: use_fast (the fast row walk), use_256 (its
+ * AVX2 path), use_512 (its AVX-512 path: the generic fast walk gives the same bits),
+ * use_gomp (torch's OpenMP team for the threads, where loaded: off, threads of our own). */
+#define SWITCH(NAME, VAR)                                                              \
+    static PyObject *NAME##_(PyObject *self, PyObject *arg) {                          \
+        const int was = VAR, want = PyObject_IsTrue(arg);                              \
+        if (want < 0) return NULL;                                                     \
+        VAR = want;                                                                    \
+        return PyBool_FromLong(was);                                                   \
+    }
+SWITCH(use_fast, use_fast)
+SWITCH(use_256, use_256)
+SWITCH(use_512, use_512)
+SWITCH(use_gomp, pool_use_gomp)
 
 /* pool(): which threads a parallel call takes now: "openmp" (torch's team) or "own" */
 static PyObject *pool(PyObject *self, PyObject *unused) {

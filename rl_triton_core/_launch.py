@@ -5,7 +5,7 @@ cached launch that repeats it.
 kernel's lean argument list: a pointer per present input (None for an absent one),
 one float32 per scalar coefficient, and one tuple of strides -- three shared by
 every data tensor and the outputs where they agree (UNIFORM), else three per data
-slot and two per no-time slot in the order of ``STRIDE_SLOTS``.
+slot and two per no-time slot in the order of ``_table.STRIDE_SLOTS``.
 
 The cached launch: a repeated call with the same shapes, strides, dtypes, device and
 tuning skips validation, layout work and Triton's argument binding. The first call of
@@ -42,7 +42,6 @@ WS_POS = _ARG["WS"]
 SCALAR_POS = {s: _ARG[s] for s in _table.COEF_SLOTS}
 LO_POS, STR_POS = _ARG["LO"], _ARG["STR"]
 LO_INDEX = {s: i for i, s in enumerate(_table.COEF_SLOTS)}  # the slot's place in LO
-STRIDE_SLOTS = _table.STRIDE_SLOTS  # (the kernel's K_* constants)
 _DATA = _table.DATA_SLOTS + _table.COEF_SLOTS
 _F32_MAX = 3.4e38  # float32 max, with room so the rounded hi stays finite
 _SM_COUNT: dict = {}
@@ -255,7 +254,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         args[STR_POS] = strides["out"]
     else:
         flat = []
-        for s in STRIDE_SLOTS:
+        for s in _table.STRIDE_SLOTS:
             flat += strides.get(s, (0, 0) if s in _table.NOTIME_SLOTS else (0, 0, 0))
         args[STR_POS] = tuple(flat)
     x_time = strides.get("x", (0, 0, 0))[2] if T > 1 else 1
