@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton import knobs
 
-from rl_triton_core import _claunch, _config, _dispatch, _launch, _table
+from rl_triton_core import _claunch, _config, _dispatch, _launch, _record, _table
 from rl_triton_core._kernel import _apply, _column, _combine
 from rl_triton_core._layout import Layout
 
@@ -185,38 +185,17 @@ def pieces(layout: Layout, raw: tuple, record=None):
                   INNER=inner, BLOCK_A=8)
     kernel = actions_kernel[grid](*args, **consts, num_warps=NUM_WARPS)
     if record is not None:
-        _record(record, raw, args, kernel, grid, consts, like_ok, layout.shape)
+        _record_pieces(record, raw, args, kernel, grid, consts, like_ok, layout.shape)
     return lr, qt, e
 
 
-class _Plan:
-    """A recorded pass: a repeated call with the same key (shapes, strides, dtypes,
-    devices) allocates the pieces and replays the launch, without checks or layout
-    work (None: this Triton's launcher takes other arguments, ``broken``)."""
-
-    __slots__ = ("template", "tensor_pos", "kernels", "like", "shape", "device", "broken")
-
-    def __call__(self, raw):
-        if self.like:
-            lr = torch.empty_like(raw[8], dtype=torch.float32)
-        else:
-            lr = torch.empty(self.shape, dtype=torch.float32, device=self.device)
-        qt, e = torch.empty_like(lr), torch.empty_like(lr)
-        args = list(self.template)
-        args[8], args[9], args[10] = lr, qt, e
-        for pos, idx in self.tensor_pos:
-            args[pos] = raw[idx]
-        if not _launch.replay(actions_kernel, self.kernels, args, self.device):
-            self.broken = True
-            return None
-        return lr, qt, e
+_PIECES = tuple(actions_kernel.arg_names.index(n) for n in ("lr_ptr", "qt_ptr", "e_ptr"))
 
 
-def _record(key, raw, args, kernel, grid, consts, like_ok, shape):
-    """Keep a launch whose tensors are all the caller's (none copied) under ``key``."""
-    p = _Plan()
-    p.broken = False
-    p.tensor_pos = []
+def _record_pieces(key, raw, args, kernel, grid, consts, like_ok, shape):
+    """Keep a launch whose tensors are all the caller's (none copied) under ``key``: a
+    :class:`_record.Recorded` that allocates the three pieces and replays the launch."""
+    tensors = []
     for i in range(8):  # the kernel's first eight arguments are raw's first eight
         given, user = args[i], raw[i]
         if (given is None) != (user is None):
@@ -226,16 +205,14 @@ def _record(key, raw, args, kernel, grid, consts, like_ok, shape):
         if given is not None:
             if given.data_ptr() != user.data_ptr() or given.shape != user.shape:
                 return  # a copy (or a broadcast bootstrap row made contiguous)
-            p.tensor_pos.append((i, i))
-    template = list(args)
-    for pos, _ in p.tensor_pos:
-        template[pos] = None
-    template[8] = template[9] = template[10] = None
-    p.template = tuple(template)
-    names = actions_kernel.arg_names[len(args):]
-    p.kernels = [(kernel, grid, [consts[n] for n in names])]
-    p.like, p.shape, p.device = like_ok, shape, raw[0].device
-    _dispatch._store(key, p)
+            tensors.append((i, i))
+    piece = _record.Alloc(RAW.index("like") if like_ok else None, shape, torch.float32,
+                          raw[0].device)
+    _dispatch._store(key, _record.Recorded(
+        _launch.Replay(actions_kernel, [(kernel, grid, consts)], len(args), raw[0].device),
+        args, tensors=tensors, allocs=(piece,) * 3,
+        placed=tuple((pos, k) for k, pos in enumerate(_PIECES)),
+        returns=((True, 0), (True, 1), (True, 2))))
 
 
 def _notime(layout: Layout, t: torch.Tensor):
@@ -359,7 +336,7 @@ def fused_kernel(OUT, Q, PI, ACT, BLP, NQ, NP, BQ, BP, X, TERM, TRUNC, g, lm, cb
             carry = _column(h, cols, 0)
 
 
-# the arguments of a fused call (``_FusedPlan`` and ``fused`` take them in this order)
+# the arguments of a fused call (``fused`` and its record take them in this order)
 RAW_FUSED = RAW[:8] + ("rewards", "terminated", "truncated", "gamma", "lmbda", "c_bar")
 _FUSED_TENSORS = 11  # the kernel's arguments 1..11 are RAW_FUSED's first eleven
 # the numbers: (the kernel's argument, found by the coefficient slot's name; its place in
@@ -456,39 +433,15 @@ def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
     return out
 
 
-class _FusedPlan:
-    """A recorded fused launch: a repeated call with the same key checks the three
-    coefficients' ranges, allocates the targets and replays the launch (None: a check
-    needs the full path, or ``broken``: this Triton's launcher takes other arguments)."""
-
-    __slots__ = ("template", "tensor_pos", "kernels", "like", "shape", "device", "broken")
-
-    def __call__(self, raw):
-        args = list(self.template)
-        for pos, idx, hi in _FUSED_NUMBERS:
-            value = raw[idx]
-            if not 0.0 <= value <= hi:  # also NaN: the full path raises the error
-                return None
-            args[pos] = float(value)
-        if self.like:
-            out = torch.empty_like(raw[8], dtype=torch.float32)
-        else:
-            out = torch.empty(self.shape, dtype=torch.float32, device=self.device)
-        args[0] = out
-        for pos, idx in self.tensor_pos:
-            args[pos] = raw[idx]
-        if not _launch.replay(fused_kernel, self.kernels, args, self.device):
-            self.broken = True
-            return None
-        return out
+_FUSED_OUT = fused_kernel.arg_names.index("OUT")
 
 
 def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
     """Keep a fused launch whose tensors are all the caller's (none copied, none
-    reshaped) under ``key``."""
-    p = _FusedPlan()
-    p.broken = False
-    p.tensor_pos = []
+    reshaped) under ``key``: a :class:`_record.Recorded` that checks the three
+    coefficients' ranges, allocates the targets and replays the launch; and, for CUDA
+    calls, the same record for the C replay under its key."""
+    tensors = []
     for i in range(_FUSED_TENSORS):
         given, user = args[i + 1], raw[i]
         if (given is None) != (user is None):
@@ -499,37 +452,21 @@ def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
             if (type(user) is not torch.Tensor or given.data_ptr() != user.data_ptr()
                     or given.shape != user.shape or given.stride() != user.stride()):
                 return  # a copy, a broadcast bootstrap row made contiguous, a reshape
-            p.tensor_pos.append((i + 1, i))
+            tensors.append((i + 1, i))
     for _, idx, _ in _FUSED_NUMBERS:
         if type(raw[idx]) not in (float, int):
             return
-    template = list(args)
-    for pos, _ in p.tensor_pos:
-        template[pos] = None
-    template[0] = None
-    p.template = tuple(template)
-    names = fused_kernel.arg_names[len(args):]
-    p.kernels = [(kernel, grid, [consts[n] for n in names])]
-    p.like, p.shape, p.device = like_ok, shape, raw[0].device
-    _dispatch._store(key, p)
-    if args[0].device.type == "cuda" and _claunch.enabled():  # for the C replay too
-        tensors = dict(p.tensor_pos)
-        numbers = {(pos,): (_claunch.P_F32, idx) for pos, idx, _ in _FUSED_NUMBERS}
-
-        def source(path):
-            if path == (0,):
-                return _claunch.P_ALLOC, 0
-            if len(path) == 1 and path[0] in tensors:
-                return _claunch.P_ARG, tensors[path[0]]
-            return numbers.get(path)
-
-        checks = [None] * len(RAW_FUSED)
-        for _, idx, hi in _FUSED_NUMBERS:
-            checks[idx] = (0.0, hi)
+    device = raw[0].device
+    rec = _record.Recorded(
+        _launch.Replay(fused_kernel, [(kernel, grid, consts)], len(args), device), args,
+        tensors=tensors, numbers=[(pos, idx) for pos, idx, _ in _FUSED_NUMBERS],
+        checks=[(idx, 0.0, hi) for _, idx, hi in _FUSED_NUMBERS],
+        allocs=(_record.Alloc(RAW_FUSED.index("rewards") if like_ok else None, shape,
+                              torch.float32, device),),
+        placed=((_FUSED_OUT, 0),), returns=((True, 0),))
+    _dispatch._store(key, rec)
+    if device.type == "cuda" and _claunch.enabled():  # for the C replay too
         (_, _, time_dim), tune = key[0], key[1]
         ckey = _claunch.key(knobs.runtime, _dispatch.c_prefix("retrace_from_actions"),
                             raw[:len(RAW_FUSED)], time_dim, tune)
-        _dispatch._store(ckey, _claunch.record(
-            ckey, [(kernel, grid, (*args, *p.kernels[0][2]))],
-            [(args[0], False)], [(_claunch.P_ALLOC, 0)], checks, [0] * len(RAW_FUSED),
-            args[0].device, tune, source))
+        _dispatch._store(ckey, _claunch.of_recorded(ckey, rec, args, len(RAW_FUSED), tune))

@@ -152,3 +152,28 @@ def record(ckey, launches, allocs, returns, checks, extents, device, tune, sourc
     recorded = True
     specs = tuple((tuple(t.shape), tuple(t.stride()), t.dtype, bool(zero)) for t, zero in allocs)
     return blob, specs, tune, len(returns), device
+
+
+_KIND = {"alloc": P_ALLOC, "arg": P_ARG, "f32": P_F32, "hi": P_HI, "lo": P_LO}
+
+
+def of_recorded(ckey, rec, args, nargs: int, tune):
+    """The C record of ``rec`` (a :class:`_record.Recorded` whose run is a
+    ``_launch.Replay``), just made from a launch with positional arguments ``args``
+    (its allocations are the tensors it placed there), for a call of ``nargs``
+    arguments; None where it cannot be recorded."""
+    run = rec.run
+    sources = {path: (_KIND[kind], idx) for path, (kind, idx) in rec.sources().items()}
+    example = {}
+    for pos, k in rec.placed:
+        example.setdefault(k, args[pos])
+    allocs = [(example[k], a.zero) for k, a in enumerate(rec.allocs)]
+    returns = [(P_ALLOC if made else P_ARG, idx) for made, idx in rec.returns]
+    checks, extents = [None] * nargs, [0] * nargs
+    for idx, lo, hi in rec.checks:
+        checks[idx] = (float(lo), float(hi))
+    for idx, ext in rec.in_extents + rec.out_extents:
+        extents[idx] = ext
+    launches = [(k, grid, (*args, *consts)) for k, grid, consts in run.kernels]
+    return record(ckey, launches, allocs, returns, checks, extents, run.device, tune,
+                  sources.get)

@@ -18,11 +18,12 @@ import torch
 
 from rl_triton_core import _claunch, _config, _cpu_c
 from rl_triton_core._layout import Layout, _np_view
+from rl_triton_core._record import Alloc, Recorded
 from rl_triton_core._table import COEF_RANGE
 from rl_triton_core._validate import extent
 
 _BACKENDS = ("auto", "triton", "cpu")
-_PLANS: dict = {}  # cache key -> _launch.Plan
+_PLANS: dict = {}  # cache key -> _record.Recorded (or a C record, under a bytes key)
 _MAX_PLANS = 512
 _replay_ok = True  # False once a plan found this Triton's launcher incompatible
 
@@ -185,8 +186,7 @@ def _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx, o
         like = None if like_idx is None else index.get(like_idx)
         if like_idx is not None and like is None:
             return
-        plan = _launch.record(raw, index, call, out0, out1, like, out_dtype, layout.shape,
-                              user_out, len(raw) - 2)
+        plan = _launch.record(raw, index, call, like, user_out, len(raw) - 2)
         _store(key, plan)
         if plan is not None and out0.device.type == "cuda" and _claunch.enabled():
             # the same launch for the C replay, under its key (no Python on a repeat):
@@ -196,7 +196,7 @@ def _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx, o
                 cargs = raw if user_out else raw[:-2]
                 ckey = _claunch.key(_launch.knobs.runtime, c_prefix(named[0]), cargs,
                                     named[1], key[1])
-                _store(ckey, _launch.record_c(ckey, plan, call, len(cargs), key[1]))
+                _store(ckey, _claunch.of_recorded(ckey, plan, call[0], len(cargs), key[1]))
 
 
 _F64 = np.zeros(1)
@@ -216,7 +216,7 @@ def _s(value):
 def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, like_idx=None,
              user_out=False):
     """The numba scan (or, for a variant's first call, its numpy stand-in) into ``out0``
-    and ``out1``; with ``fast`` (see :func:`run`), records the call as a :class:`CpuPlan`
+    and ``out1``; with ``fast`` (see :func:`run`), records the call (:func:`record_cpu`)
     (``user_out``: ``out0`` and ``out1`` are the user's out= tensors: only the C replay
     records it, writing into the next call's out= tensors)."""
     from rl_triton_core import _cpu_first
@@ -269,8 +269,8 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, lik
     if _cpu_c.handles(key) and _cpu_c.run(key, args, tune.cpu_threads):
         # the C kernel (built at install time): no JIT, no background loading
         if fast is not None and fast[0] is not None and direct:
-            plan = CpuPlan.record(fast, None, key, args, ins, coefs, out0, out1, like_idx,
-                                  layout, tune.cpu_threads, user_out)
+            plan = record_cpu(fast, None, key, args, ins, coefs, out0, out1, like_idx,
+                              layout, tune.cpu_threads, user_out)
             if not user_out:  # (an out= call's plan is its C recording alone)
                 _store(fast[0], plan)
     elif (_cpu_first.handles(key) and not _cpu_first.ready(key) and _cpu_first.enabled()
@@ -286,8 +286,8 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, lik
         _cpu.run(fn, args, layout.N, T, tune.cpu_threads)
         _cpu_first._READY.add(key)
         if fast is not None and fast[0] is not None and direct and not user_out:
-            _store(fast[0], CpuPlan.record(fast, fn, key, args, ins, coefs, out0, out1,
-                                           like_idx, layout, tune.cpu_threads))
+            _store(fast[0], record_cpu(fast, fn, key, args, ins, coefs, out0, out1,
+                                       like_idx, layout, tune.cpu_threads))
     if not direct:
         out0.copy_(res0)
         if two_out:
@@ -364,10 +364,10 @@ def c_prefix(name: str) -> bytes:
     return name.encode() + b"/"
 
 
-def _record_c(fast, p, out0, out1, user_out=False):
-    """Store the C replay's recording of CpuPlan ``p`` beside it, under the C key of the
-    call, where the C replay can repeat it: no input that requires grad; the outputs
-    contiguous (it allocates them with torch.empty), or, for an out= call
+def _record_c(fast, rec, run, out0, out1, user_out=False):
+    """Store the C replay's recording of the CPU record ``rec`` beside it, under the C
+    key of the call, where the C replay can repeat it: no input that requires grad; the
+    outputs contiguous (it allocates them with torch.empty), or, for an out= call
     (``user_out``), the user's out= tensors, whose overlap with the other tensors the
     C replay checks on each call from the extents recorded here."""
     global out_recorded
@@ -378,19 +378,19 @@ def _record_c(fast, p, out0, out1, user_out=False):
     (name, time_dim), tune = named, key[1]
     # the C replay gets the arguments, and the out= slots where there are out= tensors
     args = raw if user_out else raw[:-2]
-    if any(a[2] for a in p.arrays) or (not user_out and (not out0.is_contiguous() or (
-            out1 is not None and not out1.is_contiguous()))):
+    if any(raw[idx].requires_grad for _, idx in rec.tensors) or (not user_out and (
+            not out0.is_contiguous() or (out1 is not None and not out1.is_contiguous()))):
         return
     ckey = _cpu_c.key(c_prefix(name), args, time_dim, tune)
     if ckey is None:
         return
     n = len(args)
     addr, num, lo, hi = [-1] * n, [-1] * n, [0.0] * n, [0.0] * n
-    for pos, idx, *_ in p.arrays:
+    for pos, idx in rec.tensors:
         addr[idx] = pos
-    for pos, idx in p.numbers:
+    for pos, idx in rec.numbers:
         num[idx] = _C_NUMBERS.index(pos)  # 0: gamma, 1: lambda
-    for idx, lo_, hi_ in p.checks:
+    for idx, lo_, hi_ in rec.checks:
         lo[idx], hi[idx] = float(lo_), float(hi_)
     extents = None
     if user_out:
@@ -398,130 +398,111 @@ def _record_c(fast, p, out0, out1, user_out=False):
         if out1 is not None:
             addr[n - 1] = 1
         extents = tuple(extent(t) if type(t) is torch.Tensor else 0 for t in args)
-    rec = _cpu_c.recording(p.prepared, tuple(addr), tuple(num), tuple(lo), tuple(hi),
-                           extents)
-    if rec is not None:
+    crec = _cpu_c.recording(run.prepared, tuple(addr), tuple(num), tuple(lo), tuple(hi),
+                            extents)
+    if crec is not None:
         shape = None if user_out else tuple(out0.shape)  # None: write into the out= tensors
-        _store(ckey, (rec, shape, out0.dtype, tune, out1 is not None))
+        _store(ckey, (crec, shape, out0.dtype, tune, out1 is not None))
         out_recorded = out_recorded or user_out
 
 
-class CpuPlan:
-    """A recorded CPU call: repeating it with a call's user arguments (same key: shapes,
-    strides, dtypes, device) skips validation and the layout work. It rebuilds the
-    numpy views of the user's tensors from the recorded shapes and strides, allocates
-    the outputs as the full path did and runs the scan (``fn``: the numba kernel; None:
-    the C kernel). None: a check needs the
-    full path (a coefficient out of range, or the backend switched)."""
+class CpuRun:
+    """The run of a recorded CPU call (:class:`_record.Recorded`): the scan's C kernel
+    (``prepared``: its call, recorded once, takes the arrays' addresses: the key fixes
+    their shapes, strides and dtypes) or the numba kernel ``fn`` (numpy views of the
+    tensors, rebuilt from the recorded shapes and strides, ``views``: (position,
+    detach, as uint8, shape, byte strides)). False back where the full path must run:
+    the backend or the CPU kernel was switched since the recording."""
 
-    __slots__ = ("fn", "kernel_key", "template", "arrays", "numbers", "checks", "like",
-                 "dtype", "shape", "out_view", "two_out", "N", "T", "threads", "broken",
-                 "prepared", "gl")
+    __slots__ = ("fn", "kernel_key", "prepared", "views", "N", "T", "threads")
+    fatal = False
 
-    @classmethod
-    def record(cls, fast, fn, kernel_key, args, ins, coefs, out0, out1, like_idx, layout,
-               threads, user_out=False):
-        """The plan of a call that just ran the numba scan on CPU tensors of the user's
-        (None where a tensor was converted or copied, a coefficient is a tensor, whose
-        range the full path checks by value, or an output is neither a fresh tensor nor,
-        with ``user_out``, the user's out= tensor written in place)."""
-        _, raw, index = fast
-        if out0.device.type != "cpu":
-            return None
-        p = cls()
-        p.broken = False
-        p.fn, p.kernel_key, p.threads, p.N, p.T = fn, kernel_key, threads, layout.N, layout.T
-        p.arrays, p.numbers, p.checks = [], [], []
-        template = list(args)
-        for slot, t in ins.items():
-            if t is None:  # absent: the template's stand-in
-                continue
-            idx = index.get(slot)
-            pos = _POS.get(slot)  # the slot's array, by its name
-            if pos is None:
-                return None
-            a = args[pos]
-            if idx is None or raw[idx] is not t or t.dtype in (torch.float16, torch.bfloat16):
-                return None
-            if a.__array_interface__["data"][0] != t.data_ptr():  # a copy (unmergeable)
-                return None
-            p.arrays.append((pos, idx, t.requires_grad, t.dtype == torch.bool, a.shape,
-                             a.strides))
-            template[pos] = None
-        for slot, (_, tensor) in coefs.items():
-            if tensor is not None:
-                return None
-            idx = index.get(slot)
-            user = None if idx is None else raw[idx]
-            if user is None:  # left out: the template's constant
-                continue
-            if type(user) is not float and type(user) is not int:
-                return None
-            p.numbers.append((_POS[slot + "s"], idx))  # the slot's number
-            lo, hi = COEF_RANGE[slot]
-            p.checks.append((idx, lo, math.inf if hi is None else hi))
-        p.like = None if like_idx is None else index.get(like_idx)
-        if like_idx is not None and p.like is None:
-            return None
-        p.dtype, p.shape, p.two_out = out0.dtype, layout.shape, out1 is not None
-        o0 = args.out0
-        if o0.__array_interface__["data"][0] != out0.data_ptr():
-            return None
-        p.out_view = (o0.shape, o0.strides)
-        template[_POS["out0"]] = template[_POS["out1"]] = None
-        p.template = template
-        # the C kernel's call recorded once: a replay passes its tensors' addresses
-        # (the key fixes their shapes, strides and dtypes), no numpy view is built
-        p.prepared = _cpu_c.prepare(kernel_key, args, threads) if fn is None else None
-        p.gl = [args.gs, args.lms]
-        if p.prepared is not None:
-            _record_c(fast, p, out0, out1, user_out)
-        return p
-
-    def __call__(self, raw):
-        for idx, lo, hi in self.checks:
-            if not lo <= raw[idx] <= hi:  # also catches NaN: the full path raises the error
-                return None
+    def __call__(self, args) -> bool:
         if backend_for(_CPU) != "cpu":  # the backend was switched since the recording
-            return None
+            return False
         from rl_triton_core import _cpu_first
 
         c_kernel = self.fn is None  # recorded on the C kernel
         if c_kernel != _cpu_c.handles(self.kernel_key):  # RL_TRITON_CORE_CPU_KERNEL changed
-            return None
+            return False
         if not c_kernel and not _cpu_first.ready(self.kernel_key):
-            return None  # where the full path would take numpy
-        if self.like is not None:
-            out0 = torch.empty_like(raw[self.like], dtype=self.dtype)
-        else:
-            out0 = torch.empty(self.shape, dtype=self.dtype)
-        out1 = torch.empty_like(out0) if self.two_out else None
+            return False  # where the full path would take numpy
         if self.prepared is not None:
             addr = [0] * len(_C_ARRAYS)  # array positions: CpuArgs' first ten
-            addr[_POS["out0"]] = out0.data_ptr()
-            addr[_POS["out1"]] = out1.data_ptr() if out1 is not None else out0.data_ptr()
-            for pos, idx, _, _, _, _ in self.arrays:
-                addr[pos] = raw[idx].data_ptr()
-            gl = list(self.gl)
-            for pos, idx in self.numbers:
-                gl[_C_NUMBERS.index(pos)] = float(raw[idx])
-            _cpu_c.run_prepared(self.prepared, gl[0], gl[1], addr)
-            return (out0, out1) if self.two_out else out0
-        args = list(self.template)
-        shape, strides = self.out_view
-        args[_POS["out0"]] = o0 = _np_of(out0, False, False, shape, strides)
-        args[_POS["out1"]] = _np_of(out1, False, False, shape, strides) if self.two_out else o0
-        for pos, idx, detach, as_u8, shape, strides in self.arrays:
-            args[pos] = _np_of(raw[idx], detach, as_u8, shape, strides)
-        for pos, idx in self.numbers:
-            args[pos] = float(raw[idx])
+            for pos, *_ in self.views:
+                addr[pos] = args[pos].data_ptr()
+            _cpu_c.run_prepared(self.prepared, args[_C_NUMBERS[0]], args[_C_NUMBERS[1]], addr)
+            return True
+        for pos, detach, as_u8, shape, strides in self.views:
+            args[pos] = _np_of(args[pos], detach, as_u8, shape, strides)
         args = CpuArgs._make(args)
         if c_kernel:
-            if not _cpu_c.run(self.kernel_key, args, self.threads):
-                return None
-        else:
-            from rl_triton_core import _cpu  # loaded: the full path ran
+            return _cpu_c.run(self.kernel_key, args, self.threads)
+        from rl_triton_core import _cpu  # loaded: the full path ran
 
-            _cpu_first.settle()
-            _cpu.run(self.fn, args, self.N, self.T, self.threads)
-        return (out0, out1) if self.two_out else out0
+        _cpu_first.settle()
+        _cpu.run(self.fn, args, self.N, self.T, self.threads)
+        return True
+
+
+def record_cpu(fast, fn, kernel_key, args, ins, coefs, out0, out1, like_idx, layout,
+               threads, user_out=False):
+    """The record (:class:`_record.Recorded`, run by a :class:`CpuRun`) of a call that
+    just ran the CPU scan (``fn``: the numba kernel; None: the C kernel) with these
+    :class:`CpuArgs` on the user's CPU tensors. None where a tensor was converted or
+    copied, a coefficient is a tensor (whose range the full path checks by value), or
+    an output is neither a fresh tensor nor, with ``user_out``, the user's out= tensor
+    written in place (which only the C replay repeats)."""
+    _, raw, index = fast
+    if out0.device.type != "cpu":
+        return None
+    tensors, numbers, checks, views = [], [], [], []
+    for slot, t in ins.items():
+        if t is None:  # absent: the template's stand-in
+            continue
+        idx = index.get(slot)
+        pos = _POS.get(slot)  # the slot's array, by its name
+        if pos is None:
+            return None
+        a = args[pos]
+        if idx is None or raw[idx] is not t or t.dtype in (torch.float16, torch.bfloat16):
+            return None
+        if a.__array_interface__["data"][0] != t.data_ptr():  # a copy (unmergeable)
+            return None
+        tensors.append((pos, idx))
+        views.append((pos, t.requires_grad, t.dtype == torch.bool, a.shape, a.strides))
+    for slot, (_, tensor) in coefs.items():
+        if tensor is not None:
+            return None
+        idx = index.get(slot)
+        user = None if idx is None else raw[idx]
+        if user is None:  # left out: the template's constant
+            continue
+        if type(user) is not float and type(user) is not int:
+            return None
+        numbers.append((_POS[slot + "s"], idx))  # the slot's number
+        lo, hi = COEF_RANGE[slot]
+        checks.append((idx, lo, math.inf if hi is None else hi))
+    like = None if like_idx is None else index.get(like_idx)
+    if like_idx is not None and like is None:
+        return None
+    o0 = args.out0
+    if o0.__array_interface__["data"][0] != out0.data_ptr():
+        return None
+    out_pos, out1_pos = _POS["out0"], _POS["out1"]
+    views += [(out_pos, False, False, o0.shape, o0.strides),
+              (out1_pos, False, False, o0.shape, o0.strides)]
+    run = CpuRun()
+    run.fn, run.kernel_key, run.threads, run.N, run.T = fn, kernel_key, threads, layout.N, layout.T
+    run.views = tuple(views)
+    # the C kernel's call recorded once: a replay passes its tensors' addresses
+    run.prepared = _cpu_c.prepare(kernel_key, args, threads) if fn is None else None
+    alloc = Alloc(like, layout.shape, out0.dtype, _CPU)
+    two_out = out1 is not None
+    rec = Recorded(run, args, tensors=tensors, numbers=numbers, checks=checks,
+                   allocs=(alloc, alloc) if two_out else (alloc,),
+                   placed=((out_pos, 0), (out1_pos, 1 if two_out else 0)),
+                   returns=((True, 0), (True, 1)) if two_out else ((True, 0),))
+    if run.prepared is not None:
+        _record_c(fast, rec, run, out0, out1, user_out)
+    return rec

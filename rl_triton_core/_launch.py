@@ -9,28 +9,23 @@ slot and two per no-time slot in the order of ``_table.STRIDE_SLOTS``.
 
 The cached launch: a repeated call with the same shapes, strides, dtypes, device and
 tuning skips validation, layout work and Triton's argument binding. The first call of
-a configuration goes through the full path and records a :class:`Plan`: the kernel's
-positional arguments with the tensor and scalar positions marked, the compiled kernels
-and their constexprs. Later calls with the same key only check the scalar
-coefficients, allocate the outputs (or take the caller's ``out=`` tensors, whose
-shapes, strides, dtypes and alignments are part of the key, and check only that their
-memory does not overlap the inputs') and hand the argument list to the compiled
-kernels' launcher. Nothing here reads tensor data: no host synchronisation.
+a configuration goes through the full path and is recorded (:func:`record`) as a
+:class:`_record.Recorded` whose run is a :class:`Replay` of the compiled kernels and
+their constexprs. Nothing in a repeat reads tensor data: no host synchronisation.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import struct
 
 import torch
 import triton
 from triton import knobs
 
-from rl_triton_core import _claunch, _table
+from rl_triton_core import _record, _table
 from rl_triton_core._config import Tuning, current_tuning
 from rl_triton_core._kernel import scan_kernel
+from rl_triton_core._record import split
 from rl_triton_core._validate import extent
 
 # scan_kernel's argument positions, from its parameter names: a slot's pointer is the
@@ -43,7 +38,6 @@ SCALAR_POS = {s: _ARG[s] for s in _table.COEF_SLOTS}
 LO_POS, STR_POS = _ARG["LO"], _ARG["STR"]
 LO_INDEX = {s: i for i, s in enumerate(_table.COEF_SLOTS)}  # the slot's place in LO
 _DATA = _table.DATA_SLOTS + _table.COEF_SLOTS
-_F32_MAX = 3.4e38  # float32 max, with room so the rounded hi stays finite
 _SM_COUNT: dict = {}
 ROW_MAX_T = 4096  # whole-row tiles (batch-major) up to this many steps
 
@@ -180,16 +174,6 @@ def use_look_back(N: int, T: int, block_n: int, block_t: int, device,
 # --------------------------------------------------------------------------- launch
 
 
-@functools.lru_cache(maxsize=256)  # a training loop passes the same few coefficients
-def split(value: float):
-    """A float as two float32s (hi, lo) with hi + lo == value to ~48 bits: the kernel
-    takes float32 scalars and rebuilds float64 ones from the pair."""
-    if not abs(value) < _F32_MAX:  # inf (an unclipped threshold), beyond float32, NaN
-        return (value if value != value else math.copysign(math.inf, value)), 0.0
-    hi = struct.unpack("f", struct.pack("f", value))[0]
-    return hi, struct.unpack("f", struct.pack("f", value - hi))[0]
-
-
 def _relevant(strides, sizes):
     """Strides with those of size-1 axes zeroed (never read: their index is 0)."""
     return tuple(s if n > 1 else 0 for s, n in zip(strides, sizes))
@@ -299,72 +283,22 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
 # --------------------------------------------------------------------- cached launch
 
 
-class Plan:
-    """A recorded launch; calling it with a call's user arguments repeats the launch
-    (None: a check needs the full path, or ``broken``: this Triton's launcher takes
-    other arguments, so no plan can be replayed)."""
+class Replay:
+    """The run of a recorded Triton launch (:class:`_record.Recorded`): the compiled
+    kernels ``[(kernel, grid, constexpr values)]`` of ``jit_fn``, repeated with a call's
+    positional arguments on ``device``. False back: this Triton's launcher takes other
+    arguments, so no record can be replayed (``fatal``)."""
 
-    __slots__ = ("template", "tensor_pos", "number_pos", "checks", "like", "dtype", "shape",
-                 "two_out", "ws_spec", "kernels", "device", "user_out", "in_extents",
-                 "out_extents", "out_idx", "broken")
+    __slots__ = ("jit_fn", "kernels", "device")
+    fatal = True
 
-    def _overlap(self, raw):
-        """Whether an out= tensor shares memory with an input or the other output: the
-        pointers against byte extents fixed by the key (no sync, no data read)."""
-        outs = []
-        for idx, ext in self.out_extents:
-            p = raw[idx].data_ptr()
-            outs.append((p, p + ext))
-        for idx, ext in self.in_extents:
-            p = raw[idx].data_ptr()
-            q = p + ext
-            for lo, hi in outs:
-                if p < hi and lo < q:
-                    return True
-        return len(outs) == 2 and outs[0][0] < outs[1][1] and outs[1][0] < outs[0][1]
+    def __init__(self, jit_fn, launched, n_args, device):
+        names = jit_fn.arg_names[n_args:]
+        self.jit_fn, self.device = jit_fn, device
+        self.kernels = [(k, grid, [consts[n] for n in names]) for k, grid, consts in launched]
 
-    def __call__(self, raw):
-        for idx, lo, hi in self.checks:
-            value = raw[idx]
-            if not lo <= value <= hi:  # also catches NaN: the full path raises the error
-                return None
-        if self.user_out:
-            if self._overlap(raw):  # the full path raises the error
-                return None
-            out0, out1 = raw[self.out_idx], raw[self.out_idx + 1]
-        else:
-            if self.like is not None:
-                out0 = torch.empty_like(raw[self.like], dtype=self.dtype)
-            else:
-                out0 = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-            out1 = torch.empty_like(out0) if self.two_out else None
-        args = list(self.template)
-        args[0] = out0
-        args[1] = out1
-        for pos, idx in self.tensor_pos:
-            args[pos] = raw[idx]
-        lo = None
-        for pos, idx, lo_idx in self.number_pos:
-            if lo_idx is None:
-                args[pos] = float(raw[idx])
-            else:
-                if lo is None:
-                    lo = list(args[LO_POS])
-                args[pos], lo[lo_idx] = split(float(raw[idx]))
-        if lo is not None:
-            args[LO_POS] = tuple(lo)
-        if self.ws_spec is not None:
-            alloc = torch.zeros if self.ws_spec[2] else torch.empty
-            args[WS_POS] = alloc(self.ws_spec[0], dtype=self.ws_spec[1], device=self.device)
-        if not self._launch(args, self.device):
-            return None
-        return (out0, out1) if self.two_out else out0
-
-    def _launch(self, args, device) -> bool:
-        if not replay(scan_kernel, self.kernels, args, device):
-            self.broken = True
-            return False
-        return True
+    def __call__(self, args) -> bool:
+        return replay(self.jit_fn, self.kernels, args, self.device)
 
 
 def replay(jit_fn, kernels, args, device) -> bool:
@@ -409,24 +343,42 @@ def run_compiled(kernels, args, device) -> bool:
     return True
 
 
-def record(raw, index, launched_call, out0, out1, like_idx, dtype, shape, user_out, out_idx):
-    """The plan of a call that just ran through the full path (None: not repeatable).
+def record(raw, index, launched_call, like_idx, user_out, out_idx):
+    """The record (:class:`_record.Recorded`) of a call that just ran through the full
+    path (None: not repeatable).
 
     ``index``: slot -> position in ``raw`` of the user's argument that fed it. A tensor
     the kernel received that is not the user's (a copy) makes the call uncacheable.
-    ``user_out``: ``out0``/``out1`` are the caller's out= tensors (``raw[out_idx]``,
-    ``raw[out_idx + 1]``), which a replay writes into again.
+    ``like_idx``: the position of the user's tensor the outputs were allocated like
+    (None: of the layout's shape). ``user_out``: the outputs are the caller's out=
+    tensors (``raw[out_idx]``, ``raw[out_idx + 1]``), which a repeat writes into again.
     """
     args, passed, ws_spec, launched = launched_call
+    out0, out1 = args[0], args[1]
+    tensors, numbers, pairs, checks = [], [], [], []
+    allocs, placed, returns, in_ext, out_ext = [], [], [], [], []
     if user_out:
-        for idx, t in ((out_idx, out0), (out_idx + 1, out1)):
-            user = raw[idx]
+        for pos, t in ((0, out0), (1, out1)):
+            user = raw[out_idx + pos]
             if (t is None) != (user is None) or (t is not None and (
                     type(user) is not torch.Tensor or t.data_ptr() != user.data_ptr())):
                 return None
-    p = Plan()
-    p.broken = False
-    p.tensor_pos, p.number_pos, p.checks = [], [], []
+            if t is not None:
+                tensors.append((pos, out_idx + pos))
+                returns.append((False, out_idx + pos))
+        for idx, t in enumerate(raw):
+            if type(t) is torch.Tensor and t.numel():
+                (out_ext if idx >= out_idx else in_ext).append((idx, extent(t)))
+    else:
+        for pos, t in ((0, out0), (1, out1)):
+            if t is not None:
+                placed.append((pos, len(allocs)))
+                returns.append((True, len(allocs)))
+                allocs.append(_record.Alloc(like_idx, tuple(out0.shape), out0.dtype,
+                                            out0.device))
+    if ws_spec is not None:
+        placed.append((WS_POS, len(allocs)))
+        allocs.append(_record.Alloc(None, ws_spec[0], ws_spec[1], out0.device, ws_spec[2]))
     fp64 = args[LO_POS] is not None
     for slot, given in passed.items():
         idx = index.get(slot)
@@ -434,77 +386,19 @@ def record(raw, index, launched_call, out0, out1, like_idx, dtype, shape, user_o
         if isinstance(given, torch.Tensor):
             if not isinstance(user, torch.Tensor) or given.data_ptr() != user.data_ptr():
                 return None
-            p.tensor_pos.append((POINTER_POS[slot], idx))
+            tensors.append((POINTER_POS[slot], idx))
         else:
             if user is None:  # an option the caller left out: the template's constant
                 continue
             if isinstance(user, torch.Tensor):  # a one-element CPU tensor read as a number
                 return None
-            p.number_pos.append((SCALAR_POS[slot], idx, LO_INDEX[slot] if fp64 else None))
+            if fp64:
+                pairs.append((SCALAR_POS[slot], LO_POS, LO_INDEX[slot], idx))
+            else:
+                numbers.append((SCALAR_POS[slot], idx))
             lo, hi = _table.COEF_RANGE[slot]
-            p.checks.append((idx, lo, math.inf if hi is None else hi))
-    template = list(args)
-    for pos, _ in p.tensor_pos:
-        template[pos] = None
-    template[0] = template[1] = template[WS_POS] = None
-    p.ws_spec = ws_spec
-    p.template = tuple(template)
-    names = scan_kernel.arg_names[len(args):]
-    p.kernels = [(k, grid, [consts[n] for n in names]) for k, grid, consts in launched]
-    p.like = like_idx
-    p.dtype = dtype
-    p.shape = shape
-    p.two_out = out1 is not None
-    p.device = out0.device
-    p.user_out = user_out
-    p.out_idx = out_idx
-    p.out_extents, p.in_extents = [], []
-    if user_out:
-        for idx, t in enumerate(raw):
-            if type(t) is torch.Tensor and t.numel():
-                (p.out_extents if idx >= out_idx else p.in_extents).append((idx, extent(t)))
-    return p
-
-
-def record_c(ckey, plan, launched_call, nargs, tune):
-    """``plan`` (just recorded from ``launched_call``) as the C replay's record
-    (:mod:`rl_triton_core._claunch`), to keep under ``ckey`` (the key of the user's
-    arguments, out= slots included where the plan writes into the caller's tensors);
-    None where it cannot be recorded."""
-    c = _claunch
-    args, _, ws_spec, _ = launched_call
-    allocs, where, returns, extents = [], {}, [], [0] * nargs
-    for pos in (0, 1):
-        if args[pos] is None:
-            continue
-        if plan.user_out:
-            where[pos] = (c.P_ARG, plan.out_idx + pos)
-        else:
-            where[pos] = (c.P_ALLOC, len(allocs))
-            allocs.append((args[pos], False))
-        returns.append(where[pos])
-    if args[WS_POS] is not None:
-        where[WS_POS] = (c.P_ALLOC, len(allocs))
-        allocs.append((args[WS_POS], ws_spec[2]))
-    for idx, ext in plan.in_extents + plan.out_extents:
-        extents[idx] = ext
-    tensors = dict(plan.tensor_pos)
-    numbers = {}
-    for pos, idx, lo_idx in plan.number_pos:
-        numbers[(pos,)] = (c.P_F32 if lo_idx is None else c.P_HI, idx)
-        if lo_idx is not None:
-            numbers[(LO_POS, lo_idx)] = (c.P_LO, idx)
-
-    def source(path):
-        if len(path) == 1 and path[0] in where:
-            return where[path[0]]
-        if len(path) == 1 and path[0] in tensors:
-            return c.P_ARG, tensors[path[0]]
-        return numbers.get(path)
-
-    checks = [None] * nargs
-    for idx, lo, hi in plan.checks:
-        checks[idx] = (float(lo), float(hi))
-    launches = [(k, grid, (*args, *consts)) for k, grid, consts in plan.kernels]
-    return c.record(ckey, launches, allocs, returns, checks, extents,
-                    plan.device, tune, source)
+            checks.append((idx, lo, math.inf if hi is None else hi))
+    return _record.Recorded(
+        Replay(scan_kernel, launched, len(args), out0.device), args, tensors=tensors,
+        numbers=numbers, pairs=pairs, checks=checks, allocs=allocs, placed=placed,
+        returns=returns, in_extents=in_ext, out_extents=out_ext)

@@ -1,4 +1,4 @@
-"""The CPU path's cached call (rl_triton_core._dispatch.CpuPlan, and its C replay
+"""The CPU path's cached call (a ``_record.Recorded`` run by ``_dispatch.CpuRun``, and its C replay
 ``_cscan.replay`` where torch has the DLPack C exchange table): a repeated call with the
 same shapes, strides and dtypes replays the recorded call without validation. It
 must give the full path's bits, read the call's own numbers, and leave to the full path
@@ -12,7 +12,7 @@ import torch
 from core_testlib import full_path, spy_c_replay
 
 import rl_triton_core as rc
-from rl_triton_core import _cpu_first, _dispatch
+from rl_triton_core import _cpu_first, _dispatch, _record
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("RL_TRITON_CORE_BACKEND", "auto") == "triton",
@@ -27,14 +27,15 @@ def plans(monkeypatch):
     monkeypatch.setattr(_dispatch, "_PLANS", {})
     monkeypatch.setenv("RL_TRITON_CORE_CPU_FIRST", "0")
     replays = []
-    real = _dispatch.CpuPlan.__call__
+    real = _record.Recorded.__call__
 
     def spy(self, raw):
         res = real(self, raw)
-        replays.append(res)
+        if isinstance(self.run, _dispatch.CpuRun):
+            replays.append(res)
         return res
 
-    monkeypatch.setattr(_dispatch.CpuPlan, "__call__", spy)
+    monkeypatch.setattr(_record.Recorded, "__call__", spy)
     spy_c_replay(monkeypatch, replays)  # the C replay: a hit is a replay, a miss goes on
     return replays
 
@@ -52,7 +53,8 @@ def test_replay_equals_full_path(plans, monkeypatch):
     g = torch.Generator().manual_seed(0)
     r, v, te, done, nv = _data(g)
     rc.gae(r, v, te, done, next_values=nv, gamma=0.9, time_dim=-2)
-    assert any(isinstance(p, _dispatch.CpuPlan) for p in _dispatch._PLANS.values())
+    assert any(isinstance(getattr(p, "run", None), _dispatch.CpuRun)
+               for p in _dispatch._PLANS.values())
     for gamma in (0.9, 0.5, 1):  # the replay reads this call's numbers
         r2, v2, te2, done2, nv2 = _data(g)
         got = rc.gae(r2, v2, te2, done2, next_values=nv2, gamma=gamma, time_dim=-2)
