@@ -23,9 +23,16 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core import _autograd, _call, _claunch, _config, _cpu_c, _dispatch, _ops
-from rl_triton_core import _validate as check
-from rl_triton_core._layout import Layout, normalize_time_dim
+from rl_triton_core import (
+    _autograd,
+    _call,
+    _claunch,
+    _config,
+    _cpu_c,
+    _dispatch,
+    _from_actions,
+    _ops,
+)
 from rl_triton_core._table import TABLE
 
 __all__ = [
@@ -376,111 +383,10 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
         res = _replay(_dispatch._PLANS, _RFA_PREFIX, raw[:14], time_dim, _config._current)
         if res is not None:
             return res
-    key = None
-    if _replayable(raw):
-        key, hit = _dispatch.cached(("retrace_from_actions", type(time_dim), time_dim), raw)
-        if hit is not None:  # a repeated call: its checks passed when it was recorded
-            if actions.device.type == "cpu":  # (the tests' CPU plans) checked by value
-                _check_actions(actions, q_values.shape[-1])
-            if type(hit) is torch.Tensor:  # the fused pass: the targets
-                return hit
-            return _retrace_of(hit, rewards, terminated, truncated, gamma, lmbda, c_bar,
-                               time_dim, out, torch.float32)
-    q_values = check.floating("q_values", check.tensor("q_values", q_values))
-    target_probs = check.floating("target_probs", check.tensor("target_probs", target_probs))
-    actions = check.tensor("actions", actions)
-    behaviour_log_probs = check.floating(
-        "behaviour_log_probs", check.tensor("behaviour_log_probs", behaviour_log_probs))
-    rewards = check.floating("rewards", check.tensor("rewards", rewards))
-    if actions.is_floating_point() or actions.dtype == torch.bool:
-        raise TypeError(f"actions must be an integer tensor, got dtype {actions.dtype}")
-    step_shape = tuple(rewards.shape)
-    if q_values.dim() != rewards.dim() + 1 or tuple(q_values.shape[:-1]) != step_shape:
-        raise ValueError(f"q_values must have shape rewards' shape + (A,), i.e. "
-                         f"{step_shape} + (A,), got {tuple(q_values.shape)}")
-    A = q_values.shape[-1]
-    for name, t in (("target_probs", target_probs), ("next_q_values", next_q_values),
-                    ("next_target_probs", next_target_probs)):
-        if t is not None:
-            check.tensor(name, t)
-            check.same_shape(name, t, "q_values", q_values.shape)
-    for name, t in (("actions", actions), ("behaviour_log_probs", behaviour_log_probs)):
-        check.same_shape(name, t, "rewards", step_shape)
-    if (next_q_values is None) != (next_target_probs is None):
-        raise ValueError("pass next_q_values and next_target_probs together, or neither")
-    td = normalize_time_dim(time_dim, rewards.dim())
-    if actions.device.type == "cpu" and not torch.compiler.is_compiling():
-        _check_actions(actions, A)
-    boot = []
-    if next_q_values is None:
-        notime = step_shape[:td] + step_shape[td + 1:] + (A,)
-        for name, t in (("bootstrap_q_values", bootstrap_q_values),
-                        ("bootstrap_target_probs", bootstrap_target_probs)):
-            if t is None:
-                t = q_values.new_zeros(notime)
-            check.tensor(name, t)
-            check.broadcastable(name, t, notime, "rewards' shape without time, plus (A,)")
-            boot.append(t.expand(notime))
-    # the per-action products and the log ratio in at least float32 (a bfloat16 product or
-    # log rounds at 2^-8, and the recurrence can amplify it); the scan reads them as such
-    wide = _autograd._cdtype(torch.promote_types(q_values.dtype, target_probs.dtype))
-    if (wide == torch.float32 and behaviour_log_probs.dtype != torch.float64
-            and not torch.compiler.is_compiling()
-            and _dispatch.backend_for(q_values.device) == "triton"
-            and not _needs_grad((q_values, target_probs, behaviour_log_probs, next_q_values,
-                                 next_target_probs, *boot))):
-        # one Triton pass over the [..., A] tensors (_actions); float32 pieces. Inputs that
-        # require grad take the torch ops, so out= raises as retrace's does
-        from rl_triton_core import _actions
-
-        layout = Layout(step_shape, td)
-        if out is None and rewards.dtype == torch.float32:
-            # retrace's checks of the flags and coefficients (the per-action inputs stand
-            # in for its log_rhos, q_values and expected_next_q, checked above), then the
-            # pieces and the scan in one pass where the plan allows
-            call = _call.prepare(TABLE["retrace"], (behaviour_log_probs, rewards, rewards,
-                                                    rewards, terminated, truncated, gamma,
-                                                    lmbda, c_bar), time_dim)
-            check.same_device([("rewards", rewards), ("q_values", q_values),
-                               ("target_probs", target_probs), ("actions", actions)])
-            targets = _actions.fused(layout, call.ins, call.coefs, raw, key)
-            if targets is not None:
-                return targets
-        pieces = _actions.pieces(layout, raw[:9], key)
-    else:
-        pieces = None
-    if pieces is None:
-        pieces = _action_pieces(q_values, target_probs, actions, behaviour_log_probs,
-                                next_q_values, next_target_probs, boot, td, wide)
-    return _retrace_of(pieces, rewards, terminated, truncated, gamma, lmbda, c_bar, time_dim,
-                       out, wide)
-
-
-def _check_actions(actions, A):
-    """CPU actions must lie in [0, A) (read by value: on CUDA that would synchronise)."""
-    if actions.numel() and bool(((actions < 0) | (actions >= A)).any()):
-        raise ValueError(f"actions must lie in [0, {A}) (the action axis of q_values)")
-
-
-def _needs_grad(tensors) -> bool:
-    """Grad mode is on and one of these (tensors or None) requires grad."""
-    return torch.is_grad_enabled() and any(
-        type(t) is torch.Tensor and t.requires_grad for t in tensors)
-
-
-def _replayable(raw) -> bool:
-    """Whether a retrace_from_actions call may replay a recorded pass over the actions:
-    on the Triton backend (CUDA; CPU tensors under the interpreter only with the tests'
-    ``cpu_plans``), not while tracing, and not where an input needs autograd."""
-    q = raw[0]
-    return (type(q) is torch.Tensor and (q.is_cuda or _config._current.cpu_plans)
-            and not torch.compiler.is_compiling()
-            and _dispatch.backend_for(q.device) == "triton" and not _needs_grad(raw[:8]))
-
-
-def _retrace_of(pieces, rewards, terminated, truncated, gamma, lmbda, c_bar, time_dim, out,
-                wide):
-    """retrace_from_actions' scan on its pieces (log_rhos, q_taken, expected_next_q)."""
+    got = _from_actions.pieces_of(raw, time_dim)
+    if type(got) is torch.Tensor:  # the fused pass: the targets
+        return got
+    pieces, wide = got
     log_rhos, q_taken, expected_next_q = pieces
     if rewards.dtype not in (torch.float16, torch.bfloat16):
         return retrace(log_rhos, rewards, q_taken, expected_next_q, terminated, truncated,
@@ -490,23 +396,6 @@ def _retrace_of(pieces, rewards, terminated, truncated, gamma, lmbda, c_bar, tim
                   terminated, truncated, gamma=gamma, lmbda=lmbda, c_bar=c_bar,
                   time_dim=time_dim, out=out)
     return res if out is not None else res.to(rewards.dtype)
-
-
-def _action_pieces(q_values, target_probs, actions, behaviour_log_probs, next_q_values,
-                   next_target_probs, boot, td, wide):
-    """retrace_from_actions' (log_rhos, q_taken, expected_next_q) by torch ops (the CPU
-    path, float64, tracing)."""
-    idx = actions.long().unsqueeze(-1)
-    q_taken = q_values.gather(-1, idx).squeeze(-1)
-    log_rhos = target_probs.gather(-1, idx).squeeze(-1).to(wide).log() - behaviour_log_probs
-    if next_q_values is not None:
-        return log_rhos, q_taken, (next_target_probs.to(wide) * next_q_values.to(wide)).sum(-1)
-    # E over each step's own state, then shifted by one step: the [.., A] tensors are
-    # read once (shifting them first copied both of them)
-    T = q_taken.shape[td]
-    e_own = (target_probs.to(wide) * q_values.to(wide)).sum(-1)
-    e_boot = (boot[1].to(wide) * boot[0].to(wide)).sum(-1).unsqueeze(td)
-    return log_rhos, q_taken, torch.cat([e_own.narrow(td, 1, T - 1), e_boot], td) if T else e_own
 
 
 def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim, out=None):

@@ -489,7 +489,7 @@ def test_action_pieces_kernel_equals_torch_ops(case, impl, gen, seed):
     broadcast bootstrap row; outputs poisoned by fresh allocation, never zero-filled."""
     if impl.name == "cpu":
         pytest.skip("the Triton backends' pass")
-    from rl_triton_core import _actions, estimators
+    from rl_triton_core import _actions, _from_actions
     from rl_triton_core._layout import Layout
 
     dev = impl.device
@@ -518,7 +518,7 @@ def test_action_pieces_kernel_equals_torch_ops(case, impl, gen, seed):
         given, boot = [None, None], [torch.zeros(notime), torch.zeros(notime)]
     got = _actions.pieces(Layout(shape, td), (to(q), to(p), to(actions), to(log_mu), to(nq),
                           to(np_), *(to(b) for b in given or (None, None)), rewards))
-    want = estimators._action_pieces(q, p, actions, log_mu, nq, np_, boot, td, torch.float32)
+    want = _from_actions._action_pieces(q, p, actions, log_mu, nq, np_, boot, td, torch.float32)
     for name, g, w in zip(("log_rhos", "q_taken", "expected_next_q"), got, want):
         assert g.shape == w.shape and g.dtype == torch.float32, name
         torch.testing.assert_close(g.cpu(), w.float(), rtol=2e-6, atol=2e-6,
@@ -599,12 +599,13 @@ def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned
     torch.testing.assert_close(got.cpu(), two.cpu(), rtol=1e-5, atol=1e-5,
                                msg=lambda m: f"fused vs two passes [{case}, seed={seed}]: {m}")
     # the float64 reference on the pieces by torch ops
-    from rl_triton_core import estimators
+    from rl_triton_core import _from_actions
+
     nq, np_ = kw.get("next_q_values"), kw.get("next_target_probs")
     boot = [] if nq is not None else [
         kw.get("bootstrap_q_values", torch.zeros(notime)).cpu().double(),
         kw.get("bootstrap_target_probs", torch.zeros(notime)).cpu().double()]
-    lr, qt, e = estimators._action_pieces(
+    lr, qt, e = _from_actions._action_pieces(
         q.double(), p.double(), actions, log_mu.double(),
         None if nq is None else nq.cpu().double(), None if np_ is None else np_.cpu().double(),
         boot, td, torch.float64)

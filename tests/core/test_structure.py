@@ -18,7 +18,7 @@ INIT = "__init__"  # the package itself: `import rl_triton_core`, `from rl_trito
 # (importer, imported) pairs allowed inside a function: the lazy backends
 LAZY = {("_dispatch", "_launch"), ("_dispatch", "_cpu"), ("tokens", "_token_kernel"),
         ("tokens", "_token_cpu"), ("_dispatch", "_cpu_first"), ("_cpu_first", "_cpu"),
-        ("estimators", "_actions")}
+        ("_from_actions", "_actions")}
 
 
 def _is_extension(folder, name):
