@@ -1,7 +1,7 @@
 """Optional C kernels of the CPU path, built at install time.
 
-``rl_triton_core._cscan`` (the scan's CPU kernel for GAE and TD(lambda)) and
-``rl_triton_core._ctoken`` (the token-level estimators) are plain C against the CPython
+``rl_triton_core.scan._cscan`` (the scan's CPU kernel for GAE and TD(lambda)) and
+``rl_triton_core.token._ctoken`` (the token-level estimators) are plain C against the CPython
 API: no numpy headers, no JIT, so a fresh process computes its first call at full
 speed. Where no C compiler is found, or a build fails, the install goes on without them
 and the CPU path runs on numba, as before (``rl_triton_core.describe()`` says which).
@@ -69,11 +69,13 @@ class OptionalBuildExt(build_ext):
         print(f"rl-triton-core: built {ext.name} in {self._times[ext.name]:.1f} s")
 
 
-_SOURCES = {"rl_triton_core._cscan": "rl_triton_core/_cscan.c",
-            "rl_triton_core._ctoken": "rl_triton_core/_ctoken.c"}
+_SOURCES = {"rl_triton_core.scan._cscan": "rl_triton_core/scan/_cscan.c",
+            "rl_triton_core.token._ctoken": "rl_triton_core/token/_ctoken.c"}
 ext_modules = [
+    # _cpool.h (the thread pool both kernels share) sits in rl_triton_core/
     Extension(name, [src], extra_compile_args=_flags(), libraries=_libs(),
-              depends=["rl_triton_core/_cpool.h", "rl_triton_core/_claunch.h"])
+              include_dirs=["rl_triton_core"],
+              depends=["rl_triton_core/_cpool.h", "rl_triton_core/scan/_claunch.h"])
     for name, src in _SOURCES.items()
     if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), src))
 ]

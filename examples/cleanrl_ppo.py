@@ -133,7 +133,7 @@ def gae_runner(device: torch.device, gae_backend: str) -> str:
     backend = rl_triton_core.backend_for(device)
     if backend == "numba":
         try:
-            from rl_triton_core import _cpu_c
+            from rl_triton_core.scan import _cpu_c
 
             return "c-kernel-cpu" if _cpu_c.enabled() else "numba-cpu"
         except (ImportError, AttributeError):

@@ -117,7 +117,7 @@ def gae_runner(device: str, rl_triton: bool) -> str:
     backend = rl_triton_core.backend_for(device)
     if backend == "numba":
         try:
-            from rl_triton_core import _cpu_c
+            from rl_triton_core.scan import _cpu_c
 
             return "c-kernel-cpu" if _cpu_c.enabled() else "numba-cpu"
         except (ImportError, AttributeError):

@@ -13,8 +13,8 @@ import os
 
 import torch
 
-from rl_triton_core import _claunch, _cpu_c, _dispatch
 from rl_triton_core._version import __version__
+from rl_triton_core.scan import _claunch, _cpu_c, _dispatch
 
 __all__ = ["backend_for", "describe"]
 
@@ -58,8 +58,9 @@ def _cpu_kernels() -> str:
 
     if os.environ.get("RL_TRITON_CORE_CPU_KERNEL", "c") == "numba":
         return "CPU kernels: numba (RL_TRITON_CORE_CPU_KERNEL=numba)"
+    token = importlib.util.find_spec("rl_triton_core.token._ctoken")
     c = (["GAE, TD(lambda), discounted returns"] if _cpu_c.available() else []) + (
-        ["the token estimators"] if importlib.util.find_spec("rl_triton_core._ctoken") else [])
+        ["the token estimators"] if token else [])
     if not c:
         return "CPU kernels: numba (the C kernels were not built at install)"
     return f"CPU kernels: C for {' and '.join(c)}; numba for the rest"

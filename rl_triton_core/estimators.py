@@ -23,17 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core import (
-    _autograd,
-    _call,
-    _claunch,
-    _config,
-    _cpu_c,
-    _dispatch,
-    _from_actions,
-    _ops,
-)
+from rl_triton_core import _config
 from rl_triton_core._table import TABLE
+from rl_triton_core.scan import _autograd, _call, _claunch, _cpu_c, _dispatch, _from_actions, _ops
 
 __all__ = [
     "gae",

@@ -9,9 +9,9 @@ observation (tool output) tokens. Rewards and values may have any float dtype
 outputs have the promoted dtype of rewards and values. Nothing here synchronises the
 host: an empty mask under whitening gives NaN where verl raises.
 
-CUDA tensors run the Triton kernels of ``rl_triton_core._token_kernel``; CPU
-tensors the C kernel ``rl_triton_core._ctoken`` where it was built, else (or with
-``RL_TRITON_CORE_CPU_KERNEL=numba``) the numba loops of ``rl_triton_core._token_cpu``,
+CUDA tensors run the Triton kernels of ``rl_triton_core.token._token_kernel``; CPU
+tensors the C kernel ``rl_triton_core.token._ctoken`` where it was built, else (or with
+``RL_TRITON_CORE_CPU_KERNEL=numba``) the numba loops of ``rl_triton_core.token._token_cpu``,
 bit for bit the same results (``RL_TRITON_CORE_BACKEND`` chooses as for every estimator).
 """
 
@@ -23,7 +23,7 @@ import os
 import torch
 
 from rl_triton_core import _validate
-from rl_triton_core._dispatch import backend_for
+from rl_triton_core.scan._dispatch import backend_for
 
 __all__ = ["masked_gae", "masked_returns", "masked_whiten"]
 
@@ -221,7 +221,7 @@ def _scan(name, mode, rewards, values, mask, gamma, lmbda, cu_seqlens, time_dim,
 
 def _run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src=None):
     if backend_for(r.device) == "triton":
-        from rl_triton_core import _token_kernel
+        from rl_triton_core.token import _token_kernel
         _token_kernel.run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src)
     else:
         _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src)
@@ -254,14 +254,14 @@ _CK = None  # the C kernel module once imported; False where it is not built
 
 
 def _ckernel():
-    """``rl_triton_core._ctoken`` (the C kernel), or None: not built, or
+    """``rl_triton_core.token._ctoken`` (the C kernel), or None: not built, or
     ``RL_TRITON_CORE_CPU_KERNEL=numba`` (read at every call) asks for the numba loops."""
     global _CK
     if os.environ.get("RL_TRITON_CORE_CPU_KERNEL", "c") == "numba":
         return None
     if _CK is None:
         try:
-            from rl_triton_core import _ctoken
+            from rl_triton_core.token import _ctoken
             mb = os.environ.get("RL_TRITON_CORE_CPU_CACHE_MB", "512")
             try:
                 _ctoken.set_cache_limit(max(int(mb), 0) << 20)
@@ -294,7 +294,7 @@ def _empty(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-_CPU_THREADS = max(1, min(os.cpu_count() or 1, 8))  # as rl_triton_core._cpu.THREADS
+_CPU_THREADS = max(1, min(os.cpu_count() or 1, 8))  # as rl_triton_core.scan._cpu.THREADS
 _MIN_WORK = 1 << 16  # tokens below which one thread is faster (as _cpu._MIN_WORK)
 
 
@@ -342,7 +342,7 @@ def _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         return
     import numpy as np
 
-    from rl_triton_core import _token_cpu as k
+    from rl_triton_core.token import _token_cpu as k
 
     k.settle()  # no numba call while the GAE first-call path's warm-up thread runs
     rows, starts, lens = k.layout(r.shape[0], r.shape[1],

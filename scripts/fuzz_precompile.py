@@ -30,7 +30,7 @@ def _work(args):
     import fuzz_lib
     import torch
 
-    from rl_triton_core import _dispatch, _launch
+    from rl_triton_core.scan import _dispatch, _launch
 
     torch.set_num_threads(1)
     _dispatch.backend_for = lambda device: "triton"

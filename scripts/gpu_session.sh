@@ -23,7 +23,8 @@ if [[ ${CBUILD:-1} == 1 ]]; then
   inc=$(python -c "import sysconfig;print(sysconfig.get_paths()['include'])")
   suf=$(python -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
   gcc -O1 -shared -fPIC -std=c99 -ffp-contract=off -fno-math-errno -fno-trapping-math \
-    -I"$inc" rl_triton_core/_cscan.c -o "rl_triton_core/_cscan$suf" -lpthread -ldl \
+    -I"$inc" -Irl_triton_core rl_triton_core/scan/_cscan.c -o "rl_triton_core/scan/_cscan$suf" \
+    -lpthread -ldl \
     || echo "the C extension did not build: the Python paths run"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"

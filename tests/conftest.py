@@ -156,7 +156,7 @@ def captured_launches(monkeypatch):
 
     if not TRITON_INTERPRET:
         pytest.skip("interpreter only (the GPU tests run the cached launch for real)")
-    from rl_triton_core import _dispatch, _launch
+    from rl_triton_core.scan import _dispatch, _launch
 
     monkeypatch.setenv(BACKEND_ENV, "triton")
     _tune(monkeypatch, cpu_plans=True)

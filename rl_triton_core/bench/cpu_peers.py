@@ -202,7 +202,7 @@ def c_floor(ins, a0, a1, outs):
     writing into the numpy arrays ``a0``, ``a1`` and returning ``outs``; {} where the C
     extension is not built or an input's dtype is not float32 or one byte."""
     try:
-        from rl_triton_core import _cscan
+        from rl_triton_core.scan import _cscan
     except ImportError:
         return {}
     arrs = []
@@ -507,7 +507,7 @@ def machine_lines():
     except AttributeError:
         usable = os.cpu_count()
     try:
-        has_c = importlib.util.find_spec("rl_triton_core._cscan") is not None
+        has_c = importlib.util.find_spec("rl_triton_core.scan._cscan") is not None
     except (ImportError, ValueError):
         has_c = False
     vers = ", ".join(f"{n} {_version(n) or 'not installed'}" for n in

@@ -70,7 +70,7 @@ def _floors(r, v, m):
     floors = {"numpy 1 thread": np1, "numpy 2 threads": np2, "torch 1 thread": torch1,
               "torch threads": torch_ops}
     try:  # the C passes (each input read once, vectorised), where the extension is built
-        from rl_triton_core import _cscan
+        from rl_triton_core.scan import _cscan
     except ImportError:
         return floors
     flat = [rn.reshape(-1), vn.reshape(-1), mn.reshape(-1)]

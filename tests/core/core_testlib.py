@@ -234,7 +234,7 @@ def run_case(name, args, kwargs, *, impl, dtype, seed, ctx="", check_nonzero=Tru
 def full_path(monkeypatch, fn):
     """``fn()`` on the checked full path: no plan recorded or replayed (the CPU's C
     replay finds an empty plan cache too)."""
-    from rl_triton_core import _dispatch
+    from rl_triton_core.scan import _dispatch
 
     with monkeypatch.context() as m:
         m.setattr(_dispatch, "_PLANS", {})
@@ -245,7 +245,7 @@ def full_path(monkeypatch, fn):
 def python_plans():
     """The Python path's recorded plans (``_dispatch._PLANS`` also holds the C replay's
     records, under bytes keys)."""
-    from rl_triton_core import _dispatch
+    from rl_triton_core.scan import _dispatch
 
     return [p for k, p in _dispatch._PLANS.items() if type(k) is not bytes]
 

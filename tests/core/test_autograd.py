@@ -195,7 +195,8 @@ def test_gradients_flow_through_the_library_scan(monkeypatch):
     """Each backward runs the library's own scan (never the reference loop, never the
     public API): on the CPU path, one launch of the primitive's scan per backward."""
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
-    from rl_triton_core import _autograd, _table, estimators
+    from rl_triton_core import _table, estimators
+    from rl_triton_core.scan import _autograd
 
     calls = []
     real = _autograd._scan
@@ -317,7 +318,8 @@ def test_every_row_names_its_checks_and_backward():
     """The table carries behaviour: each row names the validation it takes and its
     backward pass, and both exist; a row takes gradients exactly when it names a
     backward (nothing is chosen by which inputs a row has)."""
-    from rl_triton_core import _autograd, _call, _table
+    from rl_triton_core import _table
+    from rl_triton_core.scan import _autograd, _call
 
     for name, spec in _table.TABLE.items():
         assert spec.checks in _call.CHECKS, name

@@ -14,10 +14,10 @@ import os
 import pytest
 import torch
 
-from rl_triton_core import _cpu_c
 from rl_triton_core.bench import harness as H
 from rl_triton_core.bench import peers as P
 from rl_triton_core.bench import plots
+from rl_triton_core.scan import _cpu_c
 
 HAS_CUDA = torch.cuda.is_available()
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

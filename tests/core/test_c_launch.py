@@ -1,4 +1,4 @@
-"""The recorded CUDA launch repeated in C (``rl_triton_core._claunch``, ``_claunch.h``): on
+"""The recorded CUDA launch repeated in C (``rl_triton_core.scan._claunch``, ``_claunch.h``): on
 fresh data, with new coefficients, it gives the Python path's bits, for every estimator,
 both layouts, float32, float64 and bf16, a segmented plan; under CUDA graph capture; on
 a side stream; and it steps aside for a launch hook and where it is switched off. The
@@ -12,7 +12,7 @@ import torch
 from core_testlib import full_path, spy_c_replay
 from test_paths import CASES, _inputs
 
-from rl_triton_core import _claunch, _cpu_c, _dispatch
+from rl_triton_core.scan import _claunch, _cpu_c, _dispatch
 
 
 @pytest.fixture(autouse=True)

@@ -49,7 +49,7 @@ def test_fullgraph_compile_matches_eager(backend, monkeypatch):
 
 def test_eager_calls_do_not_use_the_custom_op(monkeypatch):
     """The dispatcher costs microseconds: eager calls must bypass the op."""
-    from rl_triton_core import _ops
+    from rl_triton_core.scan import _ops
 
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
 

@@ -1,4 +1,4 @@
-"""The C scan kernel of the CPU path (rl_triton_core._cscan): GAE, TD(lambda) and
+"""The C scan kernel of the CPU path (rl_triton_core.scan._cscan): GAE, TD(lambda) and
 discounted returns, bit for bit the numba loop's results on every layout it walks
 (time-major columns, batch-major rows, long streams cut into segments and fixed up),
 every flag dtype, numbers or tensors for gamma and lambda, with and without next values
@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import rl_triton_core as rc
-from rl_triton_core import _cpu_c, _dispatch, estimators, reference
+from rl_triton_core import estimators, reference
+from rl_triton_core.scan import _cpu_c, _dispatch
 
 pytestmark = [
     pytest.mark.skipif(not _cpu_c.available(), reason="the C kernel is not built"),
@@ -142,7 +143,7 @@ def recurrence(request):
     reference, not numba's bits) and, with them switched off, with the row walk's vector
     recurrence (where the CPU has AVX-512) and its scalar loop (numba's bits). A recorded
     call keeps its walk: the plans are dropped at each switch."""
-    from rl_triton_core import _cscan
+    from rl_triton_core.scan import _cscan
 
     fast = request.param == "fast"
     was = _cscan.use_vector(request.param != "scalar")
@@ -159,7 +160,7 @@ def _fast_walk(dtype, layout, flag_kind, opts):
     """Whether a case takes a fast walk (rows: 16 steps a vector; time-major columns: 16
     streams a vector): float32 data, whatever the flags, strides and coefficients, where
     the CPU has AVX-512 (elsewhere the float64 walks: numba's bits)."""
-    from rl_triton_core import _cscan
+    from rl_triton_core.scan import _cscan
 
     was = _cscan.use_vector(True)
     has512 = _cscan.use_vector(was)
@@ -253,7 +254,7 @@ def test_fast_walk_avx512_equals_generic(name, resets):
     segments on two threads and fixed up) give the generic fast walk's bits: flat streams
     and rows, byte and float flags, next values and bootstraps, NaN and inf behind done
     steps."""
-    from rl_triton_core import _cscan
+    from rl_triton_core.scan import _cscan
 
     if not WALK["fast"]:
         pytest.skip("compares two fast walks")
@@ -315,7 +316,7 @@ def test_without_avx512_float32_takes_the_avx2_or_float64_walks(monkeypatch):
     AVX-512 path's bits); other float32 calls (time-major here), and every call where the
     AVX2 path is off, the float64 walks (numba's bits): the generic fast walks' 16-lane
     vectors, built for AVX2, ran 2.5-7x slower than those."""
-    from rl_triton_core import _cscan
+    from rl_triton_core.scan import _cscan
 
     if not WALK["fast"]:
         pytest.skip("the fast walks' switch is off in this run")
@@ -436,7 +437,7 @@ def test_two_threads_equal_numba(layout, monkeypatch):
     r, v = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
     te = torch.rand(shape, generator=g) < 0.002
     tr = (torch.rand(shape, generator=g) < 0.002).float()
-    from rl_triton_core import _cscan
+    from rl_triton_core.scan import _cscan
 
     with rc.tuning(cpu_threads=2):
         got = rc.gae(r, v, te, tr, gamma=0.99, lmbda=0.95, time_dim=td)
@@ -461,7 +462,7 @@ def test_floor_passes_agree():
     """The benchmark's two C floors (blocks, fused) write the same outputs, from every input
     kind, at lengths off the vectors' and blocks' multiples and past the streamed stores'
     threshold."""
-    cs = pytest.importorskip("rl_triton_core._cscan")
+    cs = pytest.importorskip("rl_triton_core.scan._cscan")
     rng = np.random.default_rng(4)
     for n in (1, 15, 16, 2049, 100_003, (1 << 21) + 5):
         ins = [rng.standard_normal(n).astype(np.float32) for _ in range(2)]

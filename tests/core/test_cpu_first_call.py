@@ -1,5 +1,5 @@
 """Where the C kernel is not built (here: switched off, RL_TRITON_CORE_CPU_KERNEL=numba),
-the CPU path's first call of a GAE variant runs in numpy (rl_triton_core._cpu_first)
+the CPU path's first call of a GAE variant runs in numpy (rl_triton_core.scan._cpu_first)
 while numba loads in a background thread: its result must equal the numba path's bit for
 bit, and the float64 reference within the usual tolerance."""
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import rl_triton_core as rc
-from rl_triton_core import _cpu_first, reference
+from rl_triton_core import reference
+from rl_triton_core.scan import _cpu_first
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("RL_TRITON_CORE_BACKEND", "auto") == "triton",
@@ -154,7 +155,7 @@ def test_fresh_process_first_call_needs_no_numba():
     it); the second call, after the warm-up, runs numba and gives the same bits."""
     code = (
         "import sys, torch, rl_triton_core as rc\n"
-        "from rl_triton_core import _cpu_first\n"
+        "from rl_triton_core.scan import _cpu_first\n"
         "started = []\n"
         "orig = _cpu_first.warm\n"
         "def warm(key, args):\n"

@@ -12,7 +12,8 @@ import torch
 from core_testlib import full_path, spy_c_replay
 
 import rl_triton_core as rc
-from rl_triton_core import _cpu_first, _dispatch, _record
+from rl_triton_core import _record
+from rl_triton_core.scan import _cpu_first, _dispatch
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("RL_TRITON_CORE_BACKEND", "auto") == "triton",
@@ -151,7 +152,7 @@ def test_cpu_arguments_are_named_as_the_kernels_parameters():
     finds an input slot's array and a coefficient's number by these names."""
     import inspect
 
-    from rl_triton_core import _cpu
+    from rl_triton_core.scan import _cpu
 
     fn = _cpu.kernel(1, True, True, True, False, True, True, False, False, False)
     params = tuple(inspect.signature(fn.py_func).parameters)

@@ -10,7 +10,8 @@ import torch
 from core_testlib import full_path, spy_c_replay
 
 import rl_triton_core as rc
-from rl_triton_core import _dispatch, estimators
+from rl_triton_core import estimators
+from rl_triton_core.scan import _dispatch
 
 pytestmark = [
     pytest.mark.skipif(estimators._replay is None,

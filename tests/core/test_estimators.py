@@ -489,8 +489,8 @@ def test_action_pieces_kernel_equals_torch_ops(case, impl, gen, seed):
     broadcast bootstrap row; outputs poisoned by fresh allocation, never zero-filled."""
     if impl.name == "cpu":
         pytest.skip("the Triton backends' pass")
-    from rl_triton_core import _actions, _from_actions
     from rl_triton_core._layout import Layout
+    from rl_triton_core.scan import _actions, _from_actions
 
     dev = impl.device
     A = {"many_actions": 37, "one_step": 3}.get(case, 5)
@@ -541,7 +541,7 @@ def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned
         pytest.skip("CPU actions are checked by value (a ValueError)")
     if case == "long_row" and impl.device.type != "cuda":
         pytest.skip("16 warps of 4096-step rows: minutes in the interpreter")
-    from rl_triton_core import _actions, _dispatch
+    from rl_triton_core.scan import _actions, _dispatch
 
     tuned(fused_actions=True)
     monkeypatch.setattr(_dispatch, "_PLANS", {})
@@ -599,7 +599,7 @@ def test_fused_pass_equals_two_passes_and_reference(case, impl, gen, seed, tuned
     torch.testing.assert_close(got.cpu(), two.cpu(), rtol=1e-5, atol=1e-5,
                                msg=lambda m: f"fused vs two passes [{case}, seed={seed}]: {m}")
     # the float64 reference on the pieces by torch ops
-    from rl_triton_core import _from_actions
+    from rl_triton_core.scan import _from_actions
 
     nq, np_ = kw.get("next_q_values"), kw.get("next_target_probs")
     boot = [] if nq is not None else [
@@ -619,8 +619,8 @@ def test_fused_pass_rule():
     thread; by default only batch-major rows of 16-1024 steps (where it measured
     faster on the H200), wherever allowed when forced on, never when off; its own tiles
     hold at most 4 steps a thread."""
-    from rl_triton_core import _actions
     from rl_triton_core._config import Tuning
+    from rl_triton_core.scan import _actions
 
     pays = _actions._fused_pays
     default, on, off = Tuning(fused_actions=None), Tuning(fused_actions=True), Tuning(
@@ -647,8 +647,8 @@ def test_action_pieces_out_of_range_action_is_nan(impl, gen):
     log rho (no host check on CUDA, no device assert); the other steps are exact."""
     if impl.name == "cpu":
         pytest.skip("the Triton backends' pass")
-    from rl_triton_core import _actions
     from rl_triton_core._layout import Layout
+    from rl_triton_core.scan import _actions
 
     shape, A = (2, 20), 4
     q, p = randn(gen, (*shape, A)), torch.softmax(randn(gen, (*shape, A)), -1)
@@ -678,12 +678,12 @@ def test_retrace_from_actions_cached_call(boot, path, impl, gen, seed, tuned, mo
     take the full path."""
     if impl.name == "cpu":
         pytest.skip("the Triton backends' cached call")
-    from rl_triton_core import _actions
+    from rl_triton_core.scan import _actions
 
     if impl.name == "interp":
         tuned(cpu_plans=True)
     tuned(fused_actions=path == "fused")
-    from rl_triton_core import _dispatch
+    from rl_triton_core.scan import _dispatch
 
     monkeypatch.setattr(_dispatch, "_PLANS", {})
     calls = []

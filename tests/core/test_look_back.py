@@ -12,7 +12,7 @@ import torch
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
-from rl_triton_core import _launch
+from rl_triton_core.scan import _launch
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="interpreter only (the GPU reaches it at long T)")

@@ -351,7 +351,7 @@ def test_cpu_path_time_segments(case, vmode, tuned, monkeypatch, seed):
     """The CPU path's split of a few long streams into time segments (4 threads): the
     middle stretch, poisoned, spans several segments; the ends are short (the reference
     is a Python loop)."""
-    from rl_triton_core import _cpu
+    from rl_triton_core.scan import _cpu
 
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "cpu")
     monkeypatch.setattr(_cpu, "_MIN_WORK", 0, raising=False)

@@ -13,7 +13,8 @@ pytest.importorskip("numba")
 CODE = r"""
 import hashlib
 from numba.core.serialize import dumps
-from rl_triton_core import _cpu, _token_cpu
+from rl_triton_core.scan import _cpu
+from rl_triton_core.token import _token_cpu
 fns = [_cpu._build(m, r, True, True, False, True, False, False, False, False, False, False, False)
        for m in (0, 1) for r in (True, False)]
 fns += list(_token_cpu.SCANS.values()) + list(_token_cpu.WHITENS.values())

@@ -16,8 +16,9 @@ from core_testlib import TOL, bernoulli, python_plans, uniform
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
-from rl_triton_core import _config, _dispatch, _launch
+from rl_triton_core import _config
 from rl_triton_core._table import TABLE
+from rl_triton_core.scan import _dispatch, _launch
 
 LEAD, T, A, F = (2, 3), 9, 3, 2  # two lead axes: a permuted out cannot merge them
 TWO_OUT = {n for n, e in TABLE.items() if e.n_out == 2}

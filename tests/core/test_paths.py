@@ -8,7 +8,8 @@ import torch
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
-from rl_triton_core import _dispatch, _kernel, _launch, _table
+from rl_triton_core import _table
+from rl_triton_core.scan import _dispatch, _kernel, _launch
 
 
 def _inputs(gen, shape, device):

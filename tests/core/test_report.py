@@ -46,7 +46,7 @@ def test_describe_names_versions_and_the_path(monkeypatch):
     assert "numba " in text and "triton " in text
     assert "cpu: backend numba (the CPU path: its C kernels where built" in text
     assert "backend" not in rc.describe()  # without a tensor: versions only
-    from rl_triton_core import _cpu_c
+    from rl_triton_core.scan import _cpu_c
 
     kernels = "CPU kernels: C for GAE" if _cpu_c.available() else "CPU kernels: numba"
     assert kernels in text
@@ -57,11 +57,11 @@ def test_describe_names_versions_and_the_path(monkeypatch):
 def test_numba_cache_is_not_in_the_source_tree():
     """The CPU path's compiled functions cache under numba's user-wide directory (or
     NUMBA_CACHE_DIR), never in rl_triton_core/__pycache__."""
-    from rl_triton_core import _cpu
+    from rl_triton_core.scan import _cpu
 
     if not _cpu._CACHE:
         pytest.skip("RL_TRITON_CORE_NUMBA_CACHE=0")
-    from rl_triton_core import _token_cpu
+    from rl_triton_core.token import _token_cpu
 
     pkg = os.path.dirname(os.path.abspath(rc.__file__))
     fn = _cpu.kernel(1, True, True, True, False, False, True, False, False, False)

@@ -16,9 +16,11 @@ PKG = pathlib.Path(rl_triton_core.__file__).parent
 BENCH = PKG / "bench"
 INIT = "__init__"  # the package itself: `import rl_triton_core`, `from rl_triton_core import gae`
 # (importer, imported) pairs allowed inside a function: the lazy backends
-LAZY = {("_dispatch", "_launch"), ("_dispatch", "_cpu"), ("tokens", "_token_kernel"),
-        ("tokens", "_token_cpu"), ("_dispatch", "_cpu_first"), ("_cpu_first", "_cpu"),
-        ("_from_actions", "_actions")}
+LAZY = {("scan._dispatch", "scan._launch"), ("scan._dispatch", "scan._cpu"),
+        ("tokens", "token._token_kernel"), ("tokens", "token._token_cpu"),
+        ("scan._dispatch", "scan._cpu_first"), ("scan._cpu_first", "scan._cpu"),
+        ("scan._from_actions", "scan._actions")}
+SUBPACKAGES = ("scan", "token", "bench")
 
 
 def _is_extension(folder, name):
@@ -87,10 +89,12 @@ def _local_imports(tree):
 
 def _imports():
     """module -> {(imported module, at module level?)} for the package's modules: the
-    core's ("_report", "__init__") and bench's ("bench.peers", "bench.__init__")."""
+    core's ("_report", "__init__", "scan._launch", "token.__init__") and bench's
+    ("bench.peers", "bench.__init__")."""
     graph = {}
-    for path in sorted(PKG.glob("*.py")) + sorted(BENCH.glob("*.py")):
-        mod = ("bench." if path.parent == BENCH else "") + path.stem
+    for path in sorted(PKG.glob("*.py")) + sorted(
+            p for sub in SUBPACKAGES for p in (PKG / sub).glob("*.py")):
+        mod = ("" if path.parent == PKG else path.parent.name + ".") + path.stem
         tree = ast.parse(path.read_text())
         graph[mod] = {(d, not in_func) for node, in_func in _local_imports(tree)
                       for d in _deps(node, mod) if d != mod}
@@ -98,7 +102,9 @@ def _imports():
 
 
 def _core(mod):
-    return "." not in mod and mod != INIT
+    """A module of the core: the package's modules and its sub-packages' but bench's,
+    not the package's ``__init__``."""
+    return not mod.startswith("bench.") and mod != INIT
 
 
 def _cycle(graph):
@@ -129,15 +135,19 @@ def test_the_walk_sees_the_modules_and_their_imports():
     """The walk sees the real modules, bench's included, and the imports the checks below
     are about (so an empty graph cannot pass them)."""
     graph = _imports()
-    assert {"estimators", "_kernel", "_version", INIT, "bench.peers", "bench.ext_peers",
-            "bench.harness", "bench._inputs", "bench.__init__"} <= set(graph)
+    assert {"estimators", "scan._kernel", "token._token_kernel", "_version", INIT,
+            "scan.__init__", "bench.peers", "bench.ext_peers", "bench.harness",
+            "bench._inputs", "bench.__init__"} <= set(graph)
+    assert ("scan._launch", True) in graph["scan._dispatch"] or (
+        "scan._launch", False) in graph["scan._dispatch"]
+    assert ("_record", True) in graph["scan._launch"]
     assert ("_version", True) in graph[INIT] and ("_version", True) in graph["_report"]
     assert ("bench.ext_peers", True) in graph["bench.peers"]
     assert ("bench._inputs", True) in graph["bench.peers"]
     assert (INIT, True) in graph["bench.cpu_peers"]        # import rl_triton_core as rc
     assert ("tokens", False) in graph["bench.cpu_tokens"]  # the core's tokens, not bench's
     assert ("bench.peers", False) in graph["bench.harness"]
-    assert not any(d.startswith("_cscan") or d.startswith("_ctoken")
+    assert not any(d.endswith("._cscan") or d.endswith("._ctoken")
                    for deps in graph.values() for d, _ in deps)  # C extensions: leaves
 
 
@@ -151,7 +161,7 @@ def test_no_import_cycle():
 def test_no_function_local_sibling_imports():
     """In the core; bench's function-local imports (optional peers, heavy frameworks,
     the harness's subcommands) are allowed (its cycles are not: above)."""
-    local = sorted((m, d) for m, deps in _imports().items() if "." not in m
+    local = sorted((m, d) for m, deps in _imports().items() if _core(m)
                    for d, top in deps if not top and (m, d) not in LAZY)
     assert not local, f"function-local imports of sibling modules: {local}"
 
@@ -167,7 +177,8 @@ def test_core_imports_neither_the_package_nor_bench():
 
 def test_cpu_modules_do_not_import_triton():
     """Only the Triton launcher and kernel import triton (the CPU path must not)."""
-    for path in PKG.glob("*.py"):
+    for path in list(PKG.glob("*.py")) + list(PKG.glob("scan/*.py")) + list(
+            PKG.glob("token/*.py")):
         tree = ast.parse(path.read_text())
         mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         mods |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}

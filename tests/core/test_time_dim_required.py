@@ -132,7 +132,7 @@ def test_time_major_needs_time_dim_0(monkeypatch):
 @pytest.mark.parametrize("name", sorted(TABLE))
 def test_custom_op_schema_requires_time_dim(name):
     """The torch.compile path's custom ops take time_dim without a default."""
-    from rl_triton_core import _ops  # noqa: F401  (registers the ops)
+    from rl_triton_core.scan import _ops  # noqa: F401  (registers the ops)
 
     schema = getattr(torch.ops.rl_triton_core, name).default._schema
     (arg,) = [a for a in schema.arguments if a.name == "time_dim"]

@@ -1,4 +1,4 @@
-"""The token estimators' C kernel (rl_triton_core._ctoken) against the numba path.
+"""The token estimators' C kernel (rl_triton_core.token._ctoken) against the numba path.
 
 Bit for bit (torch.equal, NaN where NaN) on random data: padded with left/right padding
 and observation spans, packed with cu_seqlens, float32 / float64 / bfloat16, several
@@ -17,7 +17,7 @@ import torch
 import rl_triton_core as rc
 from rl_triton_core import tokens
 
-ck = pytest.importorskip("rl_triton_core._ctoken")
+ck = pytest.importorskip("rl_triton_core.token._ctoken")
 
 ENV = "RL_TRITON_CORE_CPU_KERNEL"
 

@@ -257,7 +257,7 @@ def test_kernel_tiles(where, monkeypatch, bt, warps, k):
     device, backend = where
     if backend == "cpu":
         pytest.skip("the Triton kernel's tiling")
-    from rl_triton_core import _token_kernel
+    from rl_triton_core.token import _token_kernel
 
     monkeypatch.setattr(_token_kernel, "config", lambda n, t: (bt, warps, k))
     B, T = 7, 45
@@ -312,7 +312,7 @@ def test_whitening_shift(where, monkeypatch, skip):
     device, backend = where
     if backend == "cpu":
         pytest.skip("the Triton kernel's tiling")
-    from rl_triton_core import _token_kernel
+    from rl_triton_core.token import _token_kernel
 
     monkeypatch.setattr(_token_kernel, "config", lambda n, t: (16, 1, 1))
     g = torch.Generator().manual_seed(5)

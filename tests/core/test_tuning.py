@@ -90,7 +90,8 @@ def test_a_block_entered_again_repeats_its_recorded_calls(monkeypatch):
     finds a call recorded in an earlier block by the tuning's identity."""
     from core_testlib import spy_c_replay
 
-    from rl_triton_core import _config, _dispatch, estimators
+    from rl_triton_core import _config, estimators
+    from rl_triton_core.scan import _dispatch
 
     # the values other tests set in this process left out (the table is bounded)
     monkeypatch.setattr(_config, "_INTERNED", {rc.current_tuning(): rc.current_tuning()})

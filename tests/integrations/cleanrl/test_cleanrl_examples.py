@@ -79,7 +79,7 @@ def expected_runner(gae_backend: str) -> str:
     backend = rl_triton_core.backend_for("cpu")
     if backend == "interpreter":
         return "triton-interpreter"
-    from rl_triton_core import _cpu_c
+    from rl_triton_core.scan import _cpu_c
 
     return "c-kernel-cpu" if _cpu_c.enabled() else "numba-cpu"
 

@@ -12,7 +12,7 @@ How the adapter hooks in, and so where the device is checked:
   dispatcher that ``TritonVTraceMixin`` patches into RLlib's learner module), which
   calls ``rl_triton_core.vtrace``.
 
-Under both lies ``rl_triton_core._dispatch``: a first call of a shape goes through
+Under both lies ``rl_triton_core.scan._dispatch``: a first call of a shape goes through
 ``_run_triton`` (the kernel launch; later ones of the same shape replay the recorded
 launch), a CPU call through ``_run_cpu``. The spies below pass everything through.
 """
@@ -29,7 +29,7 @@ from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.evaluation.postprocessing import Postprocessing
 from rl_triton_rllib import _core, functional
 
-from rl_triton_core import _dispatch
+from rl_triton_core.scan import _dispatch
 
 pytestmark = [
     pytest.mark.gpu,

@@ -57,7 +57,7 @@ def test_cuda_without_a_gpu_falls_back_with_a_message(example, capsys):
     assert result["iterations"] == 1
     captured = capsys.readouterr()
     assert "no CUDA GPU here, running on the CPU instead" in captured.err
-    from rl_triton_core import _cpu_c
+    from rl_triton_core.scan import _cpu_c
 
     ran = {"interpreter": "triton-interpreter"}.get(
         rl_triton_core.backend_for("cpu"), "c-kernel-cpu" if _cpu_c.enabled() else "numba-cpu")

@@ -29,9 +29,10 @@ import triton
 import triton.language as tl
 from triton import knobs
 
-from rl_triton_core import _claunch, _config, _dispatch, _launch, _record, _table
-from rl_triton_core._kernel import _apply, _column, _combine
+from rl_triton_core import _config, _record, _table
 from rl_triton_core._layout import Layout
+from rl_triton_core.scan import _claunch, _dispatch, _launch
+from rl_triton_core.scan._kernel import _apply, _column, _combine
 
 
 @triton.jit

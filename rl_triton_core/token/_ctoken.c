@@ -1412,7 +1412,7 @@ static void block_dealloc(PyObject *self) {
 static PyBufferProcs block_as_buffer = {block_getbuffer, NULL};
 
 static PyTypeObject BlockType = {
-    PyVarObject_HEAD_INIT(NULL, 0) "rl_triton_core._ctoken.Block", /* tp_name */
+    PyVarObject_HEAD_INIT(NULL, 0) "rl_triton_core.token._ctoken.Block", /* tp_name */
     sizeof(Block),                                                  /* tp_basicsize */
 };
 

@@ -75,7 +75,7 @@ def warm(key, fn_args):
 
 def _warm(key, fn_args):
     try:
-        from rl_triton_core import _cpu
+        from rl_triton_core.scan import _cpu
 
         fn = _cpu.kernel(*key)
         ws = np.zeros((1, 1))

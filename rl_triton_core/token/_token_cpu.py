@@ -1,6 +1,6 @@
 """The CPU path of the token-level estimators, compiled by numba.
 
-The same recurrences as :mod:`rl_triton_core._token_kernel`, one response per
+The same recurrences as :mod:`rl_triton_core.token._token_kernel`, one response per
 loop iteration, in float64; responses are split over the CPU path's threads (numba
 releases the GIL) as the scan's streams are. Inputs are numpy views ``[R, P]`` (strided,
 no copy; bfloat16 data as an int16 view of its bits): a right-padded batch is ``R`` rows
@@ -20,9 +20,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from rl_triton_core import _cpu
-from rl_triton_core._cpu import _CACHE
-from rl_triton_core._cpu_first import settle  # noqa: F401 (no numba call beside a warm-up)
+from rl_triton_core.scan import _cpu
+from rl_triton_core.scan._cpu import _CACHE
+from rl_triton_core.scan._cpu_first import settle  # noqa: F401 (no numba call beside a warm-up)
 
 if _CACHE:  # numba's cache where the scan's goes, not rl_triton_core/__pycache__
     _cpu._cache_outside_the_source_tree(__file__)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rl_triton_core._launch import _sm_count
+from rl_triton_core.scan._launch import _sm_count
 
 MODE_GAE_SKIP = tl.constexpr(0)  # verl: advantages and next values carried over masked tokens
 MODE_GAE_MUL = tl.constexpr(1)  # OpenRLHF: rewards and values multiplied by the mask

@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 import torch
 
-from rl_triton_core import _dispatch
 from rl_triton_core import _validate as check
 from rl_triton_core._layout import Layout, normalize_time_dim
 from rl_triton_core._table import COEF_OF, COEF_RANGE, Estimator
+from rl_triton_core.scan import _dispatch
 
 
 class Call(NamedTuple):

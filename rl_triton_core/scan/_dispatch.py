@@ -16,11 +16,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from rl_triton_core import _claunch, _config, _cpu_c
+from rl_triton_core import _config
 from rl_triton_core._layout import Layout, _np_view
 from rl_triton_core._record import Alloc, Recorded
 from rl_triton_core._table import COEF_RANGE
 from rl_triton_core._validate import extent
+from rl_triton_core.scan import _claunch, _cpu_c
 
 _BACKENDS = ("auto", "triton", "cpu")
 _PLANS: dict = {}  # cache key -> _record.Recorded (or a C record, under a bytes key)
@@ -176,7 +177,7 @@ def run(mode, layout: Layout, out_dtype, device, ins: dict, coefs: dict, *, reve
 
 def _run_triton(mode, layout, out0, out1, ins, coefs, reverse, fast, like_idx, out_dtype,
                 user_out, tune):
-    from rl_triton_core import _launch
+    from rl_triton_core.scan import _launch
 
     call = _launch.launch(mode, layout, out0, out1, ins, coefs, reverse,
                           out_dtype == torch.float64, tune)
@@ -219,7 +220,7 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, lik
     and ``out1``; with ``fast`` (see :func:`run`), records the call (:func:`record_cpu`)
     (``user_out``: ``out0`` and ``out1`` are the user's out= tensors: only the C replay
     records it, writing into the next call's out= tensors)."""
-    from rl_triton_core import _cpu_first
+    from rl_triton_core.scan import _cpu_first
 
     N1, N2, T = layout.N1, layout.N2, layout.T
     on_cpu = out0.device.type == "cpu"
@@ -279,7 +280,7 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, lik
         # the kernel loads in a background thread for the next calls
         _cpu_first.warm(key, args)
     else:
-        from rl_triton_core import _cpu
+        from rl_triton_core.scan import _cpu
 
         _cpu_first.settle()
         fn = _cpu.kernel(*key)
@@ -420,7 +421,7 @@ class CpuRun:
     def __call__(self, args) -> bool:
         if backend_for(_CPU) != "cpu":  # the backend was switched since the recording
             return False
-        from rl_triton_core import _cpu_first
+        from rl_triton_core.scan import _cpu_first
 
         c_kernel = self.fn is None  # recorded on the C kernel
         if c_kernel != _cpu_c.handles(self.kernel_key):  # RL_TRITON_CORE_CPU_KERNEL changed
@@ -438,7 +439,7 @@ class CpuRun:
         args = CpuArgs._make(args)
         if c_kernel:
             return _cpu_c.run(self.kernel_key, args, self.threads)
-        from rl_triton_core import _cpu  # loaded: the full path ran
+        from rl_triton_core.scan import _cpu  # loaded: the full path ran
 
         _cpu_first.settle()
         _cpu.run(self.fn, args, self.N, self.T, self.threads)

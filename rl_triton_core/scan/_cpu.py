@@ -31,7 +31,7 @@ _CACHE = os.environ.get("RL_TRITON_CORE_NUMBA_CACHE", "1") == "1"
 
 def _cache_outside_the_source_tree(module_file: str = __file__):
     """numba's cache of ``module_file``'s functions (this module's by default; the token
-    estimators' CPU path, :mod:`rl_triton_core._token_cpu`, passes its own) goes to
+    estimators' CPU path, :mod:`rl_triton_core.token._token_cpu`, passes its own) goes to
     numba's user-wide cache directory (e.g. ~/.cache/numba), not next to the source in
     rl_triton_core/__pycache__, where an editable install would collect about a thousand
     files; NUMBA_CACHE_DIR, when set, still decides. Other modules' numba functions are

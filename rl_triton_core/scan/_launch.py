@@ -24,9 +24,9 @@ from triton import knobs
 
 from rl_triton_core import _record, _table
 from rl_triton_core._config import Tuning, current_tuning
-from rl_triton_core._kernel import scan_kernel
 from rl_triton_core._record import split
 from rl_triton_core._validate import extent
+from rl_triton_core.scan._kernel import scan_kernel
 
 # scan_kernel's argument positions, from its parameter names: a slot's pointer is the
 # slot's name in capitals, a coefficient's number the slot's own name

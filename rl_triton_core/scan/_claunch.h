@@ -9,7 +9,7 @@
  * recorded kernel is started by one cuLaunchKernel on torch's current stream of the
  * device, with its parameters written from a template: the compiled kernel Triton built
  * for the first call, the same grid, warps and shared memory, the addresses and numbers
- * of this call. What it does is what rl_triton_core._launch.Plan does through Triton's
+ * of this call. What it does is what rl_triton_core.scan._launch.Plan does through Triton's
  * launcher; the record is built in Python (rl_triton_core/_claunch.py) from a launch that
  * just ran through Triton's own launcher, so a replay starts nothing Triton did not.
  *

@@ -25,7 +25,7 @@ import struct
 
 import torch
 
-from rl_triton_core import _cpu_c
+from rl_triton_core.scan import _cpu_c
 
 P_CONST, P_ALLOC, P_ARG, P_F32, P_HI, P_LO = range(6)
 # a constant parameter's packing and the bytes the kernel reads, by Triton type

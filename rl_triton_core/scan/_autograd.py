@@ -72,7 +72,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_triton_core import _call, _dispatch
 from rl_triton_core import _validate as check
 from rl_triton_core._layout import Layout, aligned_strides, normalize_time_dim
 from rl_triton_core._table import (
@@ -83,6 +82,7 @@ from rl_triton_core._table import (
     TABLE,
     Estimator,
 )
+from rl_triton_core.scan import _call, _dispatch
 
 _HALF = (torch.float16, torch.bfloat16)
 _LINREC = TABLE["linear_recurrence"]

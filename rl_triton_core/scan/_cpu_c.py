@@ -1,4 +1,4 @@
-"""The C scan kernel of the CPU path (``rl_triton_core._cscan``), where it was built.
+"""The C scan kernel of the CPU path (``rl_triton_core.scan._cscan``), where it was built.
 
 GAE and TD(lambda) (the reverse scans without an initial carry) run here: compiled at
 install time, it needs no JIT, so the first call of a fresh process runs at full speed
@@ -8,7 +8,7 @@ not on strides, flag dtypes or threads), and on AVX2 for contiguous rows with ga
 lambda numbers (the same bits); elsewhere, and for float64 data, the float64 walks give
 bit for bit the numba loop's results (the same float64 operations in the same order, no
 fused multiply-add). Every other variant, and every
-call where the extension is not built, takes the numba path (``rl_triton_core._cpu``).
+call where the extension is not built, takes the numba path (``rl_triton_core.scan._cpu``).
 ``RL_TRITON_CORE_CPU_KERNEL=numba`` forces numba for all.
 """
 
@@ -21,7 +21,7 @@ import torch
 from rl_triton_core._table import MODE_GAE, MODE_TDLAMBDA
 
 try:
-    from rl_triton_core import _cscan
+    from rl_triton_core.scan import _cscan
 except ImportError:  # not built (no compiler at install time): numba runs everything
     _cscan = None
 

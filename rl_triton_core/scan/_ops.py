@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core import _autograd, _call, _validate
+from rl_triton_core import _validate
 from rl_triton_core._layout import normalize_time_dim
 from rl_triton_core._table import TABLE, Estimator
+from rl_triton_core.scan import _autograd, _call
 
 _OPS: dict = {}
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core import _autograd, _call, _config, _dispatch
+from rl_triton_core import _config
 from rl_triton_core import _validate as check
 from rl_triton_core._layout import Layout, normalize_time_dim
 from rl_triton_core._table import TABLE
+from rl_triton_core.scan import _autograd, _call, _dispatch
 
 
 def pieces_of(raw: tuple, time_dim):
@@ -81,7 +82,7 @@ def pieces_of(raw: tuple, time_dim):
                                  next_target_probs, *boot))):
         # one Triton pass over the [..., A] tensors (_actions); float32 pieces. Inputs that
         # require grad take the torch ops, so out= raises as retrace's does
-        from rl_triton_core import _actions
+        from rl_triton_core.scan import _actions
 
         layout = Layout(step_shape, td)
         if out is None and rewards.dtype == torch.float32:
