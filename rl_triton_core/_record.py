@@ -26,23 +26,9 @@ into ``_claunch``'s C record, is what a CUDA call repeated in C runs.
 
 from __future__ import annotations
 
-import functools
-import math
-import struct
-
 import torch
 
-_F32_MAX = 3.4e38  # float32 max, with room so the rounded hi stays finite
-
-
-@functools.lru_cache(maxsize=256)  # a training loop passes the same few coefficients
-def split(value: float):
-    """A float as two float32s (hi, lo) with hi + lo == value to ~48 bits: the kernel
-    takes float32 scalars and rebuilds float64 ones from the pair."""
-    if not abs(value) < _F32_MAX:  # inf (an unclipped threshold), beyond float32, NaN
-        return (value if value != value else math.copysign(math.inf, value)), 0.0
-    hi = struct.unpack("f", struct.pack("f", value))[0]
-    return hi, struct.unpack("f", struct.pack("f", value - hi))[0]
+from rl_triton_core._host import split
 
 
 class Alloc:

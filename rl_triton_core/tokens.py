@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from rl_triton_core import _validate
+from rl_triton_core import _host, _validate
 from rl_triton_core.scan._dispatch import backend_for
 
 __all__ = ["masked_gae", "masked_returns", "masked_whiten"]
@@ -294,8 +294,7 @@ def _empty(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-_CPU_THREADS = max(1, min(os.cpu_count() or 1, 8))  # as rl_triton_core.scan._cpu.THREADS
-_MIN_WORK = 1 << 16  # tokens below which one thread is faster (as _cpu._MIN_WORK)
+_CPU_THREADS, _MIN_WORK = _host.THREADS, _host.MIN_WORK  # as the scan's CPU path
 
 
 def _run_c(ck, mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):

@@ -34,7 +34,7 @@ def _work(args):
 
     torch.set_num_threads(1)
     _dispatch.backend_for = lambda device: "triton"
-    _launch._sm_count = lambda device: sms
+    _launch._sm_count = lambda device: sms  # (the planner's name for _host.sm_count)
     real = _launch.scan_kernel
 
     class _Warm:

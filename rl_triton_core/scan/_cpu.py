@@ -9,11 +9,10 @@ constants of one specialised function per variant (built on first use).
 
 from __future__ import annotations
 
-import os
-
 import numba
 import numpy as np
 
+from rl_triton_core import _host
 from rl_triton_core._table import (
     MODE_GAE,
     MODE_LINREC,
@@ -24,49 +23,9 @@ from rl_triton_core._table import (
 )
 
 _KERNELS: dict = {}
-# numba's on-disk cache (per variant: the flags are the closure's constants); set
-# RL_TRITON_CORE_NUMBA_CACHE=0 to compile afresh in every process.
-_CACHE = os.environ.get("RL_TRITON_CORE_NUMBA_CACHE", "1") == "1"
-
-
-def _cache_outside_the_source_tree(module_file: str = __file__):
-    """numba's cache of ``module_file``'s functions (this module's by default; the token
-    estimators' CPU path, :mod:`rl_triton_core.token._token_cpu`, passes its own) goes to
-    numba's user-wide cache directory (e.g. ~/.cache/numba), not next to the source in
-    rl_triton_core/__pycache__, where an editable install would collect about a thousand
-    files; NUMBA_CACHE_DIR, when set, still decides. Other modules' numba functions are
-    not affected. Call it before the module's ``cache=True`` functions are decorated
-    (numba picks a function's cache location then)."""
-    try:
-        from numba.core import caching
-    except ImportError:  # pragma: no cover - numba's layout changed: its default applies
-        return
-    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
-    user_wide = getattr(caching, "UserWideCacheLocator", None) or getattr(
-        caching, "_UserWideCacheLocator", None)
-    if impl is None or user_wide is None:  # pragma: no cover
-        return
-    classes = impl._locator_classes
-    locator = next((c for c in classes if getattr(c, "rl_triton_core", False)), None)
-    if locator is None:
-
-        class _Locator(user_wide):
-            rl_triton_core = True
-            files: set = set()  # the absolute paths of the modules it places
-
-            @classmethod
-            def from_function(cls, py_func, py_file):
-                if os.path.abspath(py_file) not in cls.files:
-                    return None
-                return super().from_function(py_func, py_file)
-
-        locator = _Locator
-        classes.insert(1, locator)  # after NUMBA_CACHE_DIR's locator, before __pycache__'s
-    locator.files.add(os.path.abspath(module_file))
-
-
+_CACHE = _host.NUMBA_CACHE  # numba's on-disk cache (per variant)
 if _CACHE:
-    _cache_outside_the_source_tree()
+    _host.cache_outside_the_source_tree(__file__)
 
 
 def kernel(mode, reverse, two_out, has_v, has_nv, has_trunc, has_boot, has_init, g_tensor,
@@ -248,19 +207,8 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
     return scan
 
 
-_POOL = None
-THREADS = max(1, min(os.cpu_count() or 1, 8))
-_MIN_WORK = 1 << 16  # elements below which one thread is faster than handing out work
+THREADS, _MIN_WORK, _pool = _host.THREADS, _host.MIN_WORK, _host.pool
 _NO_MAPS = np.zeros((1, 1))  # the segment maps' stand-in where each stream is one segment
-
-
-def _pool():
-    global _POOL
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(max(THREADS, 8), thread_name_prefix="rl_triton_core")
-    return _POOL
 
 
 def run(fn, args, N: int, T: int, threads: int | None = None):

@@ -24,11 +24,13 @@ import threading
 
 import numpy as np
 
+from rl_triton_core import _host
 from rl_triton_core._table import MODE_GAE
 
 _READY: set = set()  # kernel keys whose numba kernel is loaded
 _STARTED: set = set()  # kernel keys whose warm-up thread was started
-_THREADS: dict = {}  # kernel key -> its warm-up thread
+_THREADS = _host.WARMING  # kernel key -> its warm-up thread
+settle = _host.settle  # wait for every warm-up thread
 _LOCK = threading.Lock()
 _MAX_PIECE = 4096  # a longer piece: the loop would cost more than loading numba
 _SHORT = 512  # windows up to this length: one loop over T, no split
@@ -46,15 +48,6 @@ def ready(key) -> bool:
     if thread is not None:
         thread.join()
     return key in _READY
-
-
-def settle() -> None:
-    """Wait for every warm-up thread: a foreground numba call never runs while one is
-    still compiling or loading (two threads in numba's dispatch at once failed: "can't
-    unbox array from PyObject" once in CI)."""
-    if _THREADS:
-        for thread in list(_THREADS.values()):
-            thread.join()
 
 
 def handles(key) -> bool:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rl_triton_core import _table
+from rl_triton_core import _table, _tl
 
 LINREC = tl.constexpr(_table.MODE_LINREC)
 GAE = tl.constexpr(_table.MODE_GAE)
@@ -102,11 +102,7 @@ def _offset_notime(K: tl.constexpr, STR, n1, n2, N2, UNIFORM: tl.constexpr):
 
 @triton.jit
 def _ld(P, K: tl.constexpr, STR, o1, o2, t, m, UNIFORM: tl.constexpr, FP64: tl.constexpr):
-    x = tl.load(P + _offset(K, STR, o1, o2, t, UNIFORM), mask=m, other=0)
-    if FP64:
-        return x.to(tl.float64)
-    else:
-        return x.to(tl.float32)
+    return _tl.load(P, _offset(K, STR, o1, o2, t, UNIFORM), m, FP64)
 
 
 @triton.jit
@@ -114,23 +110,7 @@ def _ld_flag(P, K: tl.constexpr, STR, o1, o2, t, m, UNIFORM: tl.constexpr,
              FP64: tl.constexpr):
     """A flag as 0/1: nonzero means set, as ``flag.bool()`` reads it (2.0, -1 and NaN
     are set), whatever its dtype."""
-    ety: tl.constexpr = P.dtype.element_ty
-    if ety.is_floating():
-        # a float flag read in 16-bit pieces: set where any piece is nonzero, the sign bit
-        # aside (-0.0 is clear; NaN and inf are set). Loaded as floats (or as integers of
-        # their width), the flags made the layout pass run the forward scans in the flag
-        # load's layout instead of the data's: another scan tree, 1 ulp off the result of
-        # the same flags as bool. (Byte offsets in int64: an element offset that fits
-        # int32 may not, times the pieces.)
-        nh: tl.constexpr = ety.primitive_bitwidth // 16
-        q = P.to(tl.pointer_type(tl.int16)) + _offset(K, STR, o1, o2, t, UNIFORM).to(
-            tl.int64) * nh
-        acc = tl.load(q + (nh - 1), mask=m, other=0) & 0x7FFF  # the sign's piece (LE)
-        for j in tl.static_range(nh - 1):
-            acc = acc | tl.load(q + j, mask=m, other=0)
-        set_ = acc != 0
-    else:
-        set_ = tl.load(P + _offset(K, STR, o1, o2, t, UNIFORM), mask=m, other=0) != 0
+    set_ = _tl.flag(P, _offset(K, STR, o1, o2, t, UNIFORM), m)
     if FP64:
         return set_.to(tl.float64)
     else:
@@ -146,9 +126,8 @@ def _coef(P, K: tl.constexpr, s, LO, LI: tl.constexpr, STR, o1, o2, t, m,
         return _ld(P, K, STR, o1, o2, t, m, UNIFORM, FP64)
     elif s is None:
         return 1.0
-    elif FP64:
-        one = tl.full([], 1.0, tl.float64)  # (not .to: the interpreter passes floats)
-        return s * one + LO[LI] * one
+    elif FP64:  # (LO is None for other data)
+        return _tl.number(s, LO[LI], FP64)
     else:
         return s
 

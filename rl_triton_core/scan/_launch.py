@@ -24,7 +24,8 @@ from triton import knobs
 
 from rl_triton_core import _record, _table
 from rl_triton_core._config import Tuning, current_tuning
-from rl_triton_core._record import split
+from rl_triton_core._host import sm_count as _sm_count
+from rl_triton_core._host import split
 from rl_triton_core._validate import extent
 from rl_triton_core.scan._kernel import scan_kernel
 
@@ -38,21 +39,10 @@ SCALAR_POS = {s: _ARG[s] for s in _table.COEF_SLOTS}
 LO_POS, STR_POS = _ARG["LO"], _ARG["STR"]
 LO_INDEX = {s: i for i, s in enumerate(_table.COEF_SLOTS)}  # the slot's place in LO
 _DATA = _table.DATA_SLOTS + _table.COEF_SLOTS
-_SM_COUNT: dict = {}
 ROW_MAX_T = 4096  # whole-row tiles (batch-major) up to this many steps
 
 
 # ----------------------------------------------------------------------------- plan
-
-
-def _sm_count(device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: small, so tests reach the segmented path
-    idx = device.index if device.index is not None else 0
-    sms = _SM_COUNT.get(idx)
-    if sms is None:
-        sms = _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return sms
 
 
 def _segments(N: int, T: int, block_n: int, block_t: int, device, tune: Tuning,

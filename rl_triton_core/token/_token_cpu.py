@@ -20,12 +20,12 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from rl_triton_core.scan import _cpu
-from rl_triton_core.scan._cpu import _CACHE
-from rl_triton_core.scan._cpu_first import settle  # noqa: F401 (no numba call beside a warm-up)
+from rl_triton_core import _host
+from rl_triton_core._host import settle  # noqa: F401 (no numba call beside a warm-up)
 
-if _CACHE:  # numba's cache where the scan's goes, not rl_triton_core/__pycache__
-    _cpu._cache_outside_the_source_tree(__file__)
+_CACHE = _host.NUMBA_CACHE
+if _CACHE:  # numba's cache where the scan's goes, not the package's __pycache__
+    _host.cache_outside_the_source_tree(__file__)
 
 GAE_SKIP, GAE_MUL, RET_SKIP, RET_MUL = 0, 1, 2, 3
 
@@ -259,12 +259,12 @@ def huge_pages(*tensors):
 
 def split(fn, n_items: int, work: int, *args):
     """``fn(*args, lo, hi)`` over [0, n_items), in ranges split over the CPU path's threads."""
-    threads = min(_cpu.THREADS if work >= _cpu._MIN_WORK else 1, n_items)
+    threads = min(_host.THREADS if work >= _host.MIN_WORK else 1, n_items)
     if threads <= 1:
         fn(*args, 0, n_items)
         return
     step = -(-n_items // threads)
-    futures = [_cpu._pool().submit(fn, *args, lo, min(lo + step, n_items))
+    futures = [_host.pool().submit(fn, *args, lo, min(lo + step, n_items))
                for lo in range(step, n_items, step)]
     fn(*args, 0, min(step, n_items))
     for f in futures:

@@ -27,7 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rl_triton_core.scan._launch import _sm_count
+from rl_triton_core import _tl
+from rl_triton_core._host import sm_count, split
 
 MODE_GAE_SKIP = tl.constexpr(0)  # verl: advantages and next values carried over masked tokens
 MODE_GAE_MUL = tl.constexpr(1)  # OpenRLHF: rewards and values multiplied by the mask
@@ -63,10 +64,10 @@ def _loads(R, V, M, t, ok, srt, svt, smt, MODE: tl.constexpr, FP64: tl.constexpr
     so the loads vectorise): rewards count at valid tokens only (:func:`_step` selects
     them), values at every token of the row (verl and OpenRLHF use the value at masked
     tokens too)."""
-    m = _valid(M, t * smt, ok)
-    r = _ld(R, t * srt, ok, FP64)
+    m = _tl.flag(M, t * smt, ok)
+    r = _tl.load(R, t * srt, ok, FP64)
     if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
-        v = _ld(V, t * svt, ok, FP64)
+        v = _tl.load(V, t * svt, ok, FP64)
     else:
         v = r
     return m, r, v
@@ -174,34 +175,6 @@ def _tile(R, V, M, top, L, i, j, srt, svt, smt, MODE: tl.constexpr, FP64: tl.con
 
 
 @triton.jit
-def _num(hi, lo, FP64: tl.constexpr):
-    """A Python float passed as float32 hi + lo parts: exact enough for float64 data."""
-    if FP64:
-        one = tl.full([], 1.0, tl.float64)  # (not .to: the interpreter passes floats)
-        return hi * one + lo * one
-    else:
-        return hi
-
-
-@triton.jit
-def _ld(P, off, ok, FP64: tl.constexpr):
-    x = tl.load(P + off, mask=ok, other=0)
-    if FP64:
-        return x.to(tl.float64)
-    else:
-        return x.to(tl.float32)
-
-
-@triton.jit
-def _valid(M, off, ok):
-    """The mask as a bool: nonzero means a valid token; past the row's end, False."""
-    x = tl.load(M + off, mask=ok, other=0)
-    if x.dtype.is_fp16() or x.dtype.is_bf16():
-        x = x.to(tl.float32)
-    return (x != 0) & ok
-
-
-@triton.jit
 def _add2(a1, b1, a2, b2):
     return a1 + a2, b1 + b2
 
@@ -246,8 +219,8 @@ def token_scan_kernel(R, V, M, CU, ADV, RET, WS, srn, srt, svn, svt, smn, smt, T
         zero = tl.zeros([RW, 4], dtype=tl.float64)
     else:
         zero = tl.zeros([RW, 4], dtype=tl.float32)
-    g = _num(g_hi, g_lo, FP64)
-    gl = _num(gl_hi, gl_lo, FP64)
+    g = _tl.number(g_hi, g_lo, FP64)
+    gl = _tl.number(gl_hi, gl_lo, FP64)
     i = tl.arange(0, RW)[:, None]
     j = tl.arange(0, 4)[None, :]
     # constants, not reductions of zero: a reduction's layout conversions put barriers
@@ -349,8 +322,8 @@ def _whitening(WS, N, ce_hi, ce_lo, eps_hi, eps_lo, UNBIASED: tl.constexpr,
         mb = tl.load(WS + N + i, mask=i < N, other=0.0)
         qb = tl.load(WS + 2 * N + i, mask=i < N, other=0.0)
         m2 += tl.sum(qb + nb * (mb - mean) * (mb - mean), axis=0)
-    ce = _num(ce_hi, ce_lo, FP64)
-    eps = _num(eps_hi, eps_lo, FP64)
+    ce = _tl.number(ce_hi, ce_lo, FP64)
+    eps = _tl.number(eps_hi, eps_lo, FP64)
     mu = mean * cnt / (cnt + ce)
     d = mean - mu
     var = (m2 + cnt * d * d) / (cnt + ce)
@@ -380,15 +353,15 @@ def _block(X, M, b, sxn, sxt, smn, smt, T, numel, t_blocks, FILL: tl.constexpr,
     """Block b's data and validity (if FILL; X and M by strides unless FLAT)."""
     row, t, ok = _place(b, T, numel, t_blocks, FLAT, BLOCK)
     if FLAT:
-        x = _ld(X, t, ok, FP64)
+        x = _tl.load(X, t, ok, FP64)
     else:
-        x = _ld(X + row * sxn, t * sxt, ok, FP64)
+        x = _tl.load(X + row * sxn, t * sxt, ok, FP64)
     valid = ok
     if FILL:
         if FLAT:
-            valid = _valid(M, t, ok)
+            valid = _tl.flag(M, t, ok)
         else:
-            valid = _valid(M + row * smn, t * smt, ok)
+            valid = _tl.flag(M + row * smn, t * smt, ok)
     return x, valid
 
 
@@ -427,13 +400,6 @@ def whiten_kernel(X, M, Y, WS, N, sxn, sxt, smn, smt, T, numel, n_blocks, t_bloc
         tl.store(Y + row * T + t, y.to(Y.dtype.element_ty), mask=ok)
         b = bn
         x, valid = xn, validn
-
-
-def _hilo(x: float):
-    """float32 hi and lo parts of a Python float (hi + lo carries ~48 bits)."""
-    import numpy as np
-    hi = float(np.float32(x))
-    return hi, float(np.float32(x - hi))
 
 
 def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
@@ -495,7 +461,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         token_scan_kernel[(n_rows,)](
             src, vv, m, cu, adv, out1 if out1 is not None else out0, ws,
             src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
-            n_tok, n_rows, *_hilo(g), *_hilo(gl),
+            n_tok, n_rows, *split(g), *split(gl),
             MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, K=k,
             num_warps=warps)
     if how is None:
@@ -507,9 +473,9 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     flat = x.is_contiguous() and (fill is None or m.is_contiguous())
     t_blocks = triton.cdiv(n_tok, block)
     n_blocks = triton.cdiv(numel, block) if flat else out0.shape[0] * t_blocks
-    ce = _hilo(how[0] if whiten else 0.0)
-    ep = _hilo(how[1] if whiten else 0.0)
-    whiten_kernel[(max(1, min(n_blocks, per_sm * _sm_count(device))),)](
+    ce = split(how[0] if whiten else 0.0)
+    ep = split(how[1] if whiten else 0.0)
+    whiten_kernel[(max(1, min(n_blocks, per_sm * sm_count(device))),)](
         x, m, out0, ws, n_rows, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok, numel,
         n_blocks, t_blocks, 0.0 if fill is None else fill, *ce, *ep, NORM=whiten,
         SHIFT=bool(how[3]), FILL=fill is not None, FLAT=flat,

@@ -8,7 +8,7 @@ import torch
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
-from rl_triton_core import _table
+from rl_triton_core import _host, _table
 from rl_triton_core.scan import _dispatch, _kernel, _launch
 
 
@@ -130,7 +130,7 @@ def test_interpreter_middle_pass_in_chunks(name, gen, monkeypatch, tuned):
 def test_plan_rules(monkeypatch, tuned):
     """The plan's choices measured on the H200 (docs/notes.md items 28 and 30), for a
     132-SM GPU: (BLOCK_N, BLOCK_T, SEG_LEN, S, warps, SCALAR_N, STAGES)."""
-    monkeypatch.setitem(_launch._SM_COUNT, 0, 132)
+    monkeypatch.setitem(_host._SM_COUNT, 0, 132)
     dev = torch.device("cuda", 0)
 
     def plan(N, T, batch_major, mode=_table.MODE_GAE):

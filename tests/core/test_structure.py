@@ -166,6 +166,16 @@ def test_no_function_local_sibling_imports():
     assert not local, f"function-local imports of sibling modules: {local}"
 
 
+def test_the_sub_packages_do_not_import_each_other():
+    """The scan (``scan``) and the token estimators (``token``) share what they share
+    through the package's own modules (``_host``, ``_tl``, ``_table``, ...), never by
+    importing each other's."""
+    cross = sorted((m, d) for m, deps in _imports().items() for d, _ in deps
+                   for a, b in (("scan.", "token."), ("token.", "scan."))
+                   if m.startswith(a) and d.startswith(b))
+    assert not cross, f"imports between the sub-packages: {cross}"
+
+
 def test_core_imports_neither_the_package_nor_bench():
     """A core module (rl_triton_core/*.py but ``__init__``) imports the modules below
     it, never the package (``import rl_triton_core``, ``from rl_triton_core import
@@ -183,5 +193,5 @@ def test_cpu_modules_do_not_import_triton():
         mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         mods |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         uses = any(m == "triton" or m.startswith("triton.") for m in mods)
-        assert uses == (path.stem in ("_launch", "_kernel", "_token_kernel", "_actions")), \
+        assert uses == (path.stem in ("_launch", "_kernel", "_token_kernel", "_actions", "_tl")), \
             path.stem

@@ -1,0 +1,113 @@
+"""What the scan's and the token estimators' kernels share on the host: a float as the
+float32 pair a kernel rebuilds a float64 number from, the GPU's SM count (how many
+programs fill it), the CPU path's thread pool and its numba cache, and the registry of
+numba warm-up threads that a foreground numba call must wait for.
+
+The two sub-packages (``rl_triton_core.scan``, ``rl_triton_core.token``) import this,
+never each other; their device-side helpers (loads, flags, numbers) are in ``_tl``.
+Nothing here imports Triton or numba at import time: the CPU path runs without Triton,
+and a fresh process's first CPU call does not wait for numba.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import struct
+
+import torch
+
+_F32_MAX = 3.4e38  # float32 max, with room so the rounded hi stays finite
+
+
+@functools.lru_cache(maxsize=256)  # a training loop passes the same few coefficients
+def split(value: float):
+    """A float as two float32s (hi, lo) with hi + lo == value to ~48 bits: the kernels
+    take float32 scalars and rebuild float64 ones from the pair (``_tl.number``)."""
+    if not abs(value) < _F32_MAX:  # inf (an unclipped threshold), beyond float32, NaN
+        return (value if value != value else math.copysign(math.inf, value)), 0.0
+    hi = struct.unpack("f", struct.pack("f", value))[0]
+    return hi, struct.unpack("f", struct.pack("f", value - hi))[0]
+
+
+_SM_COUNT: dict = {}
+
+
+def sm_count(device) -> int:
+    """The number of SMs of a CUDA device (4 for CPU tensors under Triton's interpreter:
+    small, so the tests reach the plans for few streams)."""
+    if device.type != "cuda":
+        return 4
+    idx = device.index if device.index is not None else 0
+    sms = _SM_COUNT.get(idx)
+    if sms is None:
+        sms = _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return sms
+
+
+# ------------------------------------------------------------------ the CPU path
+
+# numba's on-disk cache (per variant); RL_TRITON_CORE_NUMBA_CACHE=0 compiles afresh in
+# every process
+NUMBA_CACHE = os.environ.get("RL_TRITON_CORE_NUMBA_CACHE", "1") == "1"
+THREADS = max(1, min(os.cpu_count() or 1, 8))
+MIN_WORK = 1 << 16  # elements below which one thread is faster than handing out work
+_POOL = None
+
+
+def pool():
+    """The CPU path's thread pool (numba's kernels release the GIL)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max(THREADS, 8), thread_name_prefix="rl_triton_core")
+    return _POOL
+
+
+def cache_outside_the_source_tree(module_file: str) -> None:
+    """numba's cache of ``module_file``'s functions goes to numba's user-wide cache
+    directory (e.g. ~/.cache/numba), not next to the source in a ``__pycache__`` of the
+    package, where an editable install would collect about a thousand files;
+    NUMBA_CACHE_DIR, when set, still decides. Other modules' numba functions are not
+    affected. Call it before the module's ``cache=True`` functions are decorated (numba
+    picks a function's cache location then)."""
+    try:
+        from numba.core import caching
+    except ImportError:  # pragma: no cover - numba's layout changed: its default applies
+        return
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
+    user_wide = getattr(caching, "UserWideCacheLocator", None) or getattr(
+        caching, "_UserWideCacheLocator", None)
+    if impl is None or user_wide is None:  # pragma: no cover
+        return
+    classes = impl._locator_classes
+    locator = next((c for c in classes if getattr(c, "rl_triton_core", False)), None)
+    if locator is None:
+
+        class _Locator(user_wide):
+            rl_triton_core = True
+            files: set = set()  # the absolute paths of the modules it places
+
+            @classmethod
+            def from_function(cls, py_func, py_file):
+                if os.path.abspath(py_file) not in cls.files:
+                    return None
+                return super().from_function(py_func, py_file)
+
+        locator = _Locator
+        classes.insert(1, locator)  # after NUMBA_CACHE_DIR's locator, before __pycache__'s
+    locator.files.add(os.path.abspath(module_file))
+
+
+WARMING: dict = {}  # a numba kernel's key -> the thread loading it in the background
+
+
+def settle() -> None:
+    """Wait for every warm-up thread: a foreground numba call never runs while one is
+    still compiling or loading (two threads in numba's dispatch at once failed: "can't
+    unbox array from PyObject" once in CI)."""
+    if WARMING:
+        for thread in list(WARMING.values()):
+            thread.join()
