@@ -12,13 +12,15 @@ TD(lambda), discounted returns and the token-level estimators; numba for the res
 for all where the C kernels were not built).
 
 Layers, each importing only those below it: ``estimators`` (the public functions:
-signatures, docstrings) -> ``_ops`` (one custom op per estimator, for torch.compile)
--> ``_autograd`` (the autograd Functions and backward passes) -> ``_call`` (checks and
-the cached launch) -> ``_dispatch`` (the backend) -> ``_launch`` and ``_kernel`` (Triton,
-imported on first CUDA use) or the CPU path: ``_cpu_c`` (the C kernel ``_cscan``),
-``_cpu_first`` and ``_cpu`` (numba); ``_table`` (one row per estimator),
-``_config`` (the tuning knobs), ``_report`` (what ran), ``_layout`` and ``_validate``
-serve them all.
+signatures, docstrings) over the ``scan`` sub-package -- ``_ops`` (one custom op per
+estimator, for torch.compile) -> ``_autograd`` (the autograd Functions and backward
+passes) -> ``_call`` (checks) -> ``_dispatch`` (the backend and the cached calls) ->
+``_launch`` and ``_kernel`` (Triton, imported on first CUDA use) or the CPU path:
+``_cpu_c`` (the C kernel ``_cscan``), ``_cpu_first`` and ``_cpu`` (numba); ``tokens``
+over the ``token`` sub-package (its Triton, numba and C kernels). Shared by both:
+``_record`` (the one recorded-call type), ``_host`` and ``_tl`` (host and Triton
+helpers), ``_table`` (one row per estimator), ``_config`` (the tuning knobs),
+``_layout`` and ``_validate``; ``_report`` says what ran. docs/design.md draws it.
 """
 
 from rl_triton_core._config import Tuning, current_tuning, tuning
