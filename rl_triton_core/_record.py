@@ -28,19 +28,23 @@ from __future__ import annotations
 
 import torch
 
-from rl_triton_core._host import split
+from rl_triton_core._host import empty, split
 
 
 class Alloc:
     """A tensor the call allocates: ``torch.empty_like`` of the user's argument ``like``
-    in ``dtype``, or of ``shape`` (``zero``: ``torch.zeros``) on ``device``."""
+    in ``dtype``, or of ``shape`` (``zero``: ``torch.zeros``) on ``device``; ``pooled``:
+    a CPU output of ``shape`` as the CPU path makes it (``_host.empty``)."""
 
-    __slots__ = ("like", "shape", "dtype", "device", "zero")
+    __slots__ = ("like", "shape", "dtype", "device", "zero", "pooled")
 
-    def __init__(self, like, shape, dtype, device, zero=False):
+    def __init__(self, like, shape, dtype, device, zero=False, pooled=False):
         self.like, self.shape, self.dtype, self.device, self.zero = like, shape, dtype, device, zero
+        self.pooled = pooled
 
     def make(self, raw):
+        if self.pooled:
+            return empty(self.shape, self.dtype)
         if self.like is not None:
             return torch.empty_like(raw[self.like], dtype=self.dtype)
         new = torch.zeros if self.zero else torch.empty

@@ -262,35 +262,16 @@ def _ckernel():
     if _CK is None:
         try:
             from rl_triton_core.token import _ctoken
-            mb = os.environ.get("RL_TRITON_CORE_CPU_CACHE_MB", "512")
-            try:
-                _ctoken.set_cache_limit(max(int(mb), 0) << 20)
-            except ValueError:
-                raise ValueError("RL_TRITON_CORE_CPU_CACHE_MB must be a whole number of MiB, "
-                                 f"got {mb!r}") from None
             _CK = _ctoken
         except ImportError:
             _CK = False
     return _CK or None
 
 
-_POOLED = 1 << 20  # bytes from which CPU outputs come from the C kernel's block cache
-
-
 def _empty(shape, dtype, device):
-    """An output tensor. On the CPU path of the C kernel, a large one (>= 1 MiB) comes from
-    its cache of freed output blocks (``RL_TRITON_CORE_CPU_CACHE_MB``, default 512; 0: off)
-    : the memory of the previous call's outputs, already faulted in, where a fresh buffer
-    would cost its page faults (about 7 ms per 32 MiB on a 2-core VM). Such a tensor's
-    storage is not resizable (``resize_`` to a larger size raises)."""
+    """An output tensor; on the CPU, large ones from the block cache (``_host.empty``)."""
     if device.type == "cpu":
-        numel = 1
-        for s in shape:
-            numel *= s
-        nbytes = numel * dtype.itemsize  # no tensor allocated to ask
-        ck = _ckernel() if nbytes >= _POOLED else None
-        if ck is not None and ck.cache_info()["limit"] > 0:
-            return torch.frombuffer(ck.empty(nbytes), dtype=dtype).view(shape)
+        return _host.empty(shape, dtype)
     return torch.empty(shape, dtype=dtype, device=device)
 
 

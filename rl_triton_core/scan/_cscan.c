@@ -1918,10 +1918,11 @@ static PyObject *recording(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return PyBytes_FromStringAndSize((const char *)&rp, sizeof(rp));
 }
 
-/* out = torch.empty(shape, dtype=dtype) and its data pointer, or NULL */
-static PyObject *new_output(PyObject *shape, PyObject *dtype, char **data) {
+/* out = alloc(shape, dtype=dtype) (torch.empty, or _host.empty for a large output) and
+ * its data pointer, or NULL */
+static PyObject *new_output(PyObject *alloc, PyObject *shape, PyObject *dtype, char **data) {
     PyObject *call[2] = {shape, dtype};
-    PyObject *t = PyObject_Vectorcall(torch_empty, call, 1, kw_dtype);
+    PyObject *t = PyObject_Vectorcall(alloc, call, 1, kw_dtype);
     if (!t) return NULL;
     dl_tensor_t d;
     if (!Py_IS_TYPE(t, tensor_type) || dl_api->dltensor_from_py_object_no_sync(t, &d)) {
@@ -1950,7 +1951,8 @@ static int plain_tensor(PyObject *a) {
 
 /* replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds a
  * recording of it, under key(prefix, args, time_dim, tuning), as (replay_t bytes, output shape,
- * output dtype, tuning, two outputs); else None (the Python path takes the call). */
+ * output dtype, tuning, two outputs, the outputs' allocator); else None (the Python path
+ * takes the call). */
 static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyDict_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "_cscan.replay(plans, prefix, args, time_dim, tuning)");
@@ -1988,7 +1990,7 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(rec);
         return res;
     }
-    if (!cpu_ok || !PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 5 ||
+    if (!cpu_ok || !PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 6 ||
         PyTuple_GET_ITEM(rec, 3) != args[4])
         goto none; /* recorded under another tuning */
     PyObject *blob = PyTuple_GET_ITEM(rec, 0);
@@ -2042,8 +2044,9 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return res;
     }
     char *p0, *p1 = NULL;
-    if (!(out0 = new_output(shape, dtype, &p0))) goto fail;
-    if (two && !(out1 = new_output(shape, dtype, &p1))) goto fail;
+    PyObject *alloc = PyTuple_GET_ITEM(rec, 5);
+    if (!(out0 = new_output(alloc, shape, dtype, &p0))) goto fail;
+    if (two && !(out1 = new_output(alloc, shape, dtype, &p1))) goto fail;
     c->o0.p = p0;
     if (c->o1.p) c->o1.p = two ? p1 : p0;
     if (execute(c, pr.threads) < 0) goto fail;
@@ -2362,8 +2365,9 @@ static PyMethodDef methods[] = {
      "for an out= call, each tensor's extent in bytes; bytes for replay()."},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
      "replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds "
-     "(recording, shape, dtype, tuning, two_out) under key(prefix, args, time_dim, "
-     "tuning) and every check passes; else None."},
+     "(recording, shape, dtype, tuning, two_out, alloc) under key(prefix, args, "
+     "time_dim, tuning) and every check passes (alloc(shape, dtype=dtype): an output); "
+     "else None."},
     {"gpu_bind", (PyCFunction)(void (*)(void))gpu_bind, METH_FASTCALL,
      "gpu_bind(torch.empty_strided, torch.zeros): find the CUDA driver; True where "
      "replay() can repeat recorded CUDA launches."},

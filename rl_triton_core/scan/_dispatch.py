@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from rl_triton_core import _config
+from rl_triton_core import _config, _host
 from rl_triton_core._layout import Layout, _np_view
 from rl_triton_core._record import Alloc, Recorded
 from rl_triton_core._table import COEF_RANGE
@@ -141,14 +141,22 @@ def run(mode, layout: Layout, out_dtype, device, ins: dict, coefs: dict, *, reve
     else:
         x = ins["x"]
         out0 = None
-        if x.shape == layout.shape:
+        if device.type == "cpu" and (x.shape != layout.shape or x.is_contiguous()):
+            # contiguous, as empty_like(x) would be; large ones from the block cache
+            out0 = _host.empty(layout.shape, out_dtype)
+        elif x.shape == layout.shape:
             out0 = torch.empty_like(x, dtype=out_dtype, device=device)
             like_idx = "x"
             if not layout.mergeable(out0):
                 out0, like_idx = None, None
         if out0 is None:
             out0 = torch.empty(layout.shape, dtype=out_dtype, device=device)
-        out1 = torch.empty_like(out0) if two_out else None
+        if not two_out:
+            out1 = None
+        elif device.type == "cpu" and out0.is_contiguous():
+            out1 = _host.empty(layout.shape, out_dtype)
+        else:
+            out1 = torch.empty_like(out0)
     if layout.T == 0 or layout.N == 0:
         if out is not None:
             out0, out1 = ret
@@ -403,7 +411,8 @@ def _record_c(fast, rec, run, out0, out1, user_out=False):
                             extents)
     if crec is not None:
         shape = None if user_out else tuple(out0.shape)  # None: write into the out= tensors
-        _store(ckey, (crec, shape, out0.dtype, tune, out1 is not None))
+        alloc = torch.empty if user_out else _host.allocator(shape, out0.dtype)
+        _store(ckey, (crec, shape, out0.dtype, tune, out1 is not None, alloc))
         out_recorded = out_recorded or user_out
 
 
@@ -498,7 +507,8 @@ def record_cpu(fast, fn, kernel_key, args, ins, coefs, out0, out1, like_idx, lay
     run.views = tuple(views)
     # the C kernel's call recorded once: a replay passes its tensors' addresses
     run.prepared = _cpu_c.prepare(kernel_key, args, threads) if fn is None else None
-    alloc = Alloc(like, layout.shape, out0.dtype, _CPU)
+    # as the full path: a contiguous output from _host.empty, else like the user's tensor
+    alloc = Alloc(like, layout.shape, out0.dtype, _CPU, pooled=out0.is_contiguous())
     two_out = out1 is not None
     rec = Recorded(run, args, tensors=tensors, numbers=numbers, checks=checks,
                    allocs=(alloc, alloc) if two_out else (alloc,),

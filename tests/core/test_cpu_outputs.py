@@ -1,0 +1,82 @@
+"""CPU outputs of 128 KiB or more come from the block cache (``_host.empty``): the memory
+of freed outputs, reused. A reused block holds the last call's values, so every output
+element must be written again; the result must be the bits of an ordinary output; and
+the tensor must behave as a contiguous tensor whose storage cannot grow."""
+
+import os
+
+import pytest
+import torch
+
+import rl_triton_core as rc
+import rl_triton_core.reference as ref
+from rl_triton_core import _host
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("RL_TRITON_CORE_BACKEND", "auto") == "triton",
+    reason="the CPU path's outputs",
+)
+
+T = 40_000  # 160 KB of float32: above POOLED_MIN
+
+
+def _blocks():
+    blocks = _host._BLOCKS if _host._BLOCKS is not None else _host._block_cache()
+    if not blocks:
+        pytest.skip("no block cache (the C extension _ctoken is not built, or it is off)")
+    return blocks
+
+
+def _case(g, n=2, t=T):
+    r, v = torch.randn(n, t, generator=g), torch.randn(n, t, generator=g)
+    term = torch.rand(n, t, generator=g) < 0.01
+    return r, v, term
+
+
+def test_reused_blocks_are_written_whole_and_give_the_plain_bits(monkeypatch):
+    _blocks()
+    g = torch.Generator().manual_seed(0)
+    r, v, term = _case(g)
+    for call in range(4):  # the first call, then repeats (the replay), each on freed blocks
+        adv, ret = rc.gae(r, v, term, gamma=0.97, lmbda=0.9, time_dim=-1)
+        assert not adv.untyped_storage().resizable() and adv.is_contiguous()
+        want = ref.gae(r, v, term, gamma=0.97, lmbda=0.9, time_dim=-1)
+        torch.testing.assert_close(adv.double(), want[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ret.double(), want[1], rtol=1e-5, atol=1e-5)
+        # the same bits as an output allocated by torch (the cache off)
+        with monkeypatch.context() as m:
+            m.setattr(_host, "_BLOCKS", False)
+            plain = rc.gae(r, v, term, gamma=0.97, lmbda=0.9, time_dim=-1, out=(
+                torch.empty_like(r), torch.empty_like(r)))
+        assert torch.equal(adv, plain[0]) and torch.equal(ret, plain[1]), call
+        adv.fill_(float("nan"))  # poison the blocks the next call may reuse
+        ret.fill_(float("nan"))
+        del adv, ret, plain
+        r, v, term = _case(g)
+
+
+def test_a_cached_output_is_an_ordinary_tensor():
+    _blocks()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, T, generator=g)
+    done = torch.rand(3, T, generator=g) < 0.02
+    out = rc.episodic_cumsum(x, done, time_dim=-1)
+    assert out.shape == x.shape and out.stride() == x.stride() and out.dtype == x.dtype
+    view = out[1]  # a view keeps the block: a later call must not write into it
+    keep = view.clone()
+    del out
+    for _ in range(3):
+        rc.episodic_cumsum(x, done, time_dim=-1)
+    assert torch.equal(view, keep)
+    with pytest.raises(RuntimeError, match="not resizable"):
+        view.untyped_storage().resize_(view.untyped_storage().nbytes() * 2)
+    assert torch.equal(view.clone().resize_(5), keep[:5])  # a clone is an ordinary tensor
+
+
+def test_only_large_outputs_come_from_the_cache():
+    _blocks()
+    small = _host.empty((2, 100), torch.float32)
+    large = _host.empty((2, T), torch.float32)
+    assert small.untyped_storage().resizable()  # torch.empty's
+    assert not large.untyped_storage().resizable()  # a block's
+    assert large.shape == (2, T) and large.is_contiguous() and large.dtype == torch.float32
