@@ -58,7 +58,10 @@ enum { GAE_SKIP = 0, GAE_MUL = 1, RET_SKIP = 2, RET_MUL = 3, STATS = 4 };
 /* element kinds: data (float32, float64, bfloat16 bits); masks (integers by size, floats) */
 enum { K_F4 = 1, K_F8, K_BF16, K_I1, K_I2, K_I4, K_I8 };
 #ifndef NT_MIN_BYTES
-#define NT_MIN_BYTES (16.0 * 1048576.0) /* both outputs' bytes from which stores stream */
+/* both outputs' bytes from which stores stream: from 4 MiB, where [256, 4096] (8 MB of
+ * outputs) measured 2.8-3.0x the floor streamed against 3.4-3.6x cached (2-core EPYC VM,
+ * 32 MiB L3; docs/notes.md) */
+#define NT_MIN_BYTES (4.0 * 1048576.0)
 #endif
 enum { W_NONE = 0, W_STATS = 1, W_FILL = 2 }; /* no whitening; whiten; fill only */
 
@@ -1270,8 +1273,8 @@ static PyObject *run(PyObject *self, PyObject *args) {
     }
     c.stats = stats;
     c.vec = mode != STATS && c.rows == NULL ? simd_level() : 0;
-    /* streamed stores where the outputs are far larger than the caches: every row of
-       both outputs float32, contiguous, on 64-byte lines */
+    /* streamed stores where the outputs are large (NT_MIN_BYTES): every row of both
+       outputs float32, contiguous, on 64-byte lines */
     c.nt = c.vec && c.out_f32 && (double)R * (double)P * 8.0 >= NT_MIN_BYTES &&
            c.o0.ts == 4 && c.o0.rs % 64 == 0 && ((uintptr_t)c.o0.p & 63) == 0 &&
            (!c.has_o1 || (c.o1.kind == K_F4 && c.o1.ts == 4 && c.o1.rs % 64 == 0 &&

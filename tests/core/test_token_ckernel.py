@@ -285,7 +285,7 @@ def test_scalar_loop_matches_vector_loop(dtype):
 
 
 def test_streamed_stores_bitwise(monkeypatch):
-    """Outputs large enough (>= 16 MiB together) for the streamed stores, with a group of
+    """Outputs large enough (>= 4 MiB together) for the streamed stores, with a group of
     fewer than 8 rows at the end."""
     g = torch.Generator().manual_seed(8)
     B, T = 260, 8192
