@@ -9,8 +9,8 @@
  * recorded kernel is started by one cuLaunchKernel on torch's current stream of the
  * device, with its parameters written from a template: the compiled kernel Triton built
  * for the first call, the same grid, warps and shared memory, the addresses and numbers
- * of this call. What it does is what rl_triton_core.scan._launch.Plan does through Triton's
- * launcher; the record is built in Python (rl_triton_core/_claunch.py) from a launch that
+ * of this call. What it does is what a _record.Recorded run by _launch.Replay does through Triton's
+ * launcher; the record is built in Python (rl_triton_core/scan/_claunch.py) from a launch that
  * just ran through Triton's own launcher, so a replay starts nothing Triton did not.
  *
  * The driver is found at run time (dlopen of libcuda, as torch and Triton find it): no
@@ -228,9 +228,9 @@ static PyObject *grecord(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return PyBytes_FromStringAndSize((const char *)&r, sizeof(r));
 }
 
-#define F32_MAX_SPLIT 3.4e38 /* as _launch.split: the rounded hi stays finite */
+#define F32_MAX_SPLIT 3.4e38 /* as _host.split: the rounded hi stays finite */
 
-/* the float32 pair (hi, lo) with hi + lo == x to ~48 bits (_launch.split) */
+/* the float32 pair (hi, lo) with hi + lo == x to ~48 bits (_host.split) */
 static void split_f32(double x, float *hi, float *lo) {
     if (!(fabs(x) < F32_MAX_SPLIT)) {
         *hi = x != x ? (float)x : (float)copysign(INFINITY, x);

@@ -1731,7 +1731,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * shape, strides, dtype, device and data pointer, no Python attribute read), the
  * recording is found in the plan dictionary, the outputs are allocated by torch.empty
  * and the recorded scan runs on the new addresses. What it does is what
- * rl_triton_core.scan._dispatch.CpuPlan's replay does; it only touches less memory on the way
+ * the CPU record (_dispatch.CpuRun) does; it only touches less memory on the way
  * (a call after other work ran 110 us in Python against 56 us in the kernel). Anything
  * it does not recognise returns None, and the Python path takes the call. */
 
