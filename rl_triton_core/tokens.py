@@ -275,7 +275,6 @@ def _empty(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-_CPU_THREADS, _MIN_WORK = _host.THREADS, _host.MIN_WORK  # as the scan's CPU path
 
 
 def _run_c(ck, mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
@@ -290,7 +289,7 @@ def _run_c(ck, mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         layout = (np.zeros(c.shape[0] - 1, dtype=np.int64), np.ascontiguousarray(c[:-1]),
                   np.maximum(np.diff(c), 0))
     n = r.shape[0] if layout is None else layout[0].shape[0]
-    threads = min(_CPU_THREADS if r.numel() >= _MIN_WORK else 1, max(n, 1))
+    threads = min(_host.THREADS if r.numel() >= _host.MIN_WORK else 1, max(n, 1))
     half = out0.dtype in (torch.float16, torch.bfloat16)
     o0 = _empty(out0.shape, torch.float64, out0.device) if half else out0
     o1 = None

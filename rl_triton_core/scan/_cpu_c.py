@@ -18,6 +18,7 @@ import os
 
 import torch
 
+from rl_triton_core import _host
 from rl_triton_core._table import MODE_GAE, MODE_TDLAMBDA
 
 try:
@@ -25,7 +26,7 @@ try:
 except ImportError:  # not built (no compiler at install time): numba runs everything
     _cscan = None
 
-THREADS = max(1, min(os.cpu_count() or 1, 8))
+THREADS = _host.THREADS  # the CPU path's default number of threads
 
 
 def _bind():

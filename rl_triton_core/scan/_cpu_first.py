@@ -29,8 +29,6 @@ from rl_triton_core._table import MODE_GAE
 
 _READY: set = set()  # kernel keys whose numba kernel is loaded
 _STARTED: set = set()  # kernel keys whose warm-up thread was started
-_THREADS = _host.WARMING  # kernel key -> its warm-up thread
-settle = _host.settle  # wait for every warm-up thread
 _LOCK = threading.Lock()
 _MAX_PIECE = 4096  # a longer piece: the loop would cost more than loading numba
 _SHORT = 512  # windows up to this length: one loop over T, no split
@@ -44,7 +42,7 @@ def ready(key) -> bool:
     """The variant's numba kernel is loaded: by a foreground call, or by its warm-up thread,
     which a call waits for if it is still running (numpy's loop would otherwise hand the
     GIL back and forth with numba's import, several ms per step)."""
-    thread = _THREADS.get(key)
+    thread = _host.WARMING.get(key)
     if thread is not None:
         thread.join()
     return key in _READY
@@ -61,7 +59,7 @@ def warm(key, fn_args):
         if key in _STARTED:
             return
         _STARTED.add(key)
-        thread = _THREADS[key] = threading.Thread(
+        thread = _host.WARMING[key] = threading.Thread(
             target=_warm, args=(key, fn_args), daemon=True, name="rl_triton_core-numba-warmup")
     thread.start()
 

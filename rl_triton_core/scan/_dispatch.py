@@ -290,7 +290,7 @@ def _run_cpu(mode, layout, out0, out1, ins, coefs, reverse, tune, fast=None, lik
     else:
         from rl_triton_core.scan import _cpu
 
-        _cpu_first.settle()
+        _host.settle()
         fn = _cpu.kernel(*key)
         _cpu.run(fn, args, layout.N, T, tune.cpu_threads)
         _cpu_first._READY.add(key)
@@ -450,7 +450,7 @@ class CpuRun:
             return _cpu_c.run(self.kernel_key, args, self.threads)
         from rl_triton_core.scan import _cpu  # loaded: the full path ran
 
-        _cpu_first.settle()
+        _host.settle()
         _cpu.run(self.fn, args, self.N, self.T, self.threads)
         return True
 
