@@ -23,35 +23,15 @@ helpers), ``_table`` (one row per estimator), ``_config`` (the tuning knobs),
 ``_layout`` and ``_validate``; ``_report`` says what ran. docs/design.md draws it.
 """
 
+from rl_triton_core import estimators
 from rl_triton_core._config import Tuning, current_tuning, tuning
 from rl_triton_core._report import backend_for, describe
 from rl_triton_core._version import __version__ as __version__
-from rl_triton_core.estimators import (
-    discounted_returns,
-    eligibility_traces,
-    episodic_cumsum,
-    gae,
-    gae_advantages,
-    lambda_returns,
-    linear_recurrence,
-    retrace,
-    retrace_from_actions,
-    vtrace,
-)
+from rl_triton_core.estimators import *  # noqa: F403 (every estimator: estimators.__all__)
 from rl_triton_core.groups import group_advantages
 from rl_triton_core.tokens import masked_gae, masked_returns, masked_whiten
 
 __all__ = [
-    "gae",
-    "gae_advantages",
-    "lambda_returns",
-    "discounted_returns",
-    "eligibility_traces",
-    "episodic_cumsum",
-    "linear_recurrence",
-    "vtrace",
-    "retrace",
-    "retrace_from_actions",
     "group_advantages",
     "masked_gae",
     "masked_returns",
@@ -62,3 +42,4 @@ __all__ = [
     "tuning",
     "current_tuning",
 ]
+__all__ += estimators.__all__

@@ -1,7 +1,11 @@
-"""The public estimators. Each one validates its inputs, picks the coefficient
-builder (a MODE of the one scan) and runs it; the math lives in the docstrings
-here, in ``reference.py`` (float64 loops) and in the coefficient builders of
-``_kernel.py`` / ``_cpu.py``; the plumbing comes from the table in ``_table.py``.
+"""The public estimators, each with its row of the table right above it.
+
+A row (``_table.Estimator``, registered by :func:`_row`) names the estimator's tensor
+arguments and the kernel slots they feed, its coefficients, outputs, checks, backward
+and the scan mode (the coefficient builder each backend runs); every layer below works
+from it. Each function validates its inputs through the one front door,
+:func:`_front`. The math lives in the docstrings here, in ``reference.py`` (float64
+loops) and in the coefficient builders of ``scan/_kernel.py`` / ``scan/_cpu.py``.
 
 Conventions (docs/semantics.md): flags are step-aligned,
 ``terminated_t`` cuts the bootstrap, ``done_t = terminated_t or truncated_t``
@@ -24,21 +28,20 @@ from __future__ import annotations
 import torch
 
 from rl_triton_core import _config
-from rl_triton_core._table import TABLE
+from rl_triton_core._table import (
+    MODE_GAE,
+    MODE_GAE_BWD,
+    MODE_LINREC,
+    MODE_RETRACE,
+    MODE_TD_BWD,
+    MODE_TDLAMBDA,
+    MODE_TRACE,
+    MODE_VTRACE,
+    MODE_VTRACE_BWD,
+    TABLE,
+    Estimator,
+)
 from rl_triton_core.scan import _autograd, _call, _claunch, _cpu_c, _dispatch, _from_actions, _ops
-
-__all__ = [
-    "gae",
-    "gae_advantages",
-    "lambda_returns",
-    "discounted_returns",
-    "eligibility_traces",
-    "episodic_cumsum",
-    "linear_recurrence",
-    "vtrace",
-    "retrace",
-    "retrace_from_actions",
-]
 
 
 def _front(spec, args: tuple, time_dim, out):
@@ -82,13 +85,28 @@ def _no_grad_out(spec, out, raw):
 
 _DATA_SLOTS = ("x", "v", "nv", "boot", "init")
 _replay = _cpu_c.replay
-_PREFIX = {name: _dispatch.c_prefix(name) for name in TABLE}
+_PREFIX: dict = {}  # row name -> the C replay's key prefix
 _RFA_PREFIX = _dispatch.c_prefix("retrace_from_actions")
-_GAE, _TDL, _DISC = TABLE["gae"], TABLE["lambda_returns"], TABLE["discounted_returns"]
-_GAE_ADV = TABLE["gae_advantages"]
-_VTRACE, _RETRACE = TABLE["vtrace"], TABLE["retrace"]
-_TRACES, _CUMSUM, _LINREC = (TABLE["eligibility_traces"], TABLE["episodic_cumsum"],
-                             TABLE["linear_recurrence"])
+
+
+def _row(spec: Estimator) -> Estimator:
+    """Register one estimator's row (declared above its public function): the table,
+    its custom op, its C replay prefix."""
+    TABLE[spec.name] = spec
+    _ops.define(spec)
+    _PREFIX[spec.name] = _dispatch.c_prefix(spec.name)
+    return spec
+
+
+_RETURNS_IN = ("rewards", "values", "terminated", "truncated", "next_values", "bootstrap_value")
+_RETURNS_SLOTS = (("rewards", "x"), ("values", "v"), ("terminated", "term"),
+                  ("truncated", "trunc"), ("next_values", "nv"), ("bootstrap_value", "boot"))
+_VALUE_GRADS = ("rewards", "values", "next_values", "bootstrap_value")
+
+
+_GAE = _row(Estimator("gae", "returns", MODE_GAE, _RETURNS_IN, _RETURNS_SLOTS,
+                      ("gamma", "lmbda"), ("advantages", "value_targets"), _VALUE_GRADS,
+                      backward="gae", bwd_mode=MODE_GAE_BWD, required=("rewards", "terminated")))
 
 
 def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootstrap_value=None,
@@ -140,6 +158,11 @@ def gae(rewards, values, terminated, truncated=None, *, next_values=None, bootst
                          gamma, lmbda), time_dim, out)
 
 
+_GAE_ADV = _row(Estimator("gae_advantages", "returns", MODE_GAE, _RETURNS_IN, _RETURNS_SLOTS,
+                          ("gamma", "lmbda"), ("advantages",), _VALUE_GRADS, backward="gae",
+                          bwd_mode=MODE_GAE_BWD, required=("rewards", "terminated")))
+
+
 def gae_advantages(rewards, values, terminated, truncated=None, *, next_values=None,
                    bootstrap_value=None, gamma=0.99, lmbda=0.95, time_dim, out=None):
     r"""GAE's advantages only: [`gae`][]'s first output, without the value targets.
@@ -173,6 +196,12 @@ def gae_advantages(rewards, values, terminated, truncated=None, *, next_values=N
     """
     return _front(_GAE_ADV, (rewards, values, terminated, truncated, next_values,
                              bootstrap_value, gamma, lmbda), time_dim, out)
+
+
+_TDL = _row(Estimator("lambda_returns", "returns", MODE_TDLAMBDA, _RETURNS_IN, _RETURNS_SLOTS,
+                      ("gamma", "lmbda"), ("returns",), _VALUE_GRADS, backward="td",
+                      bwd_mode=MODE_TD_BWD,
+                      required=("rewards", "terminated")))
 
 
 def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=None,
@@ -209,6 +238,13 @@ def lambda_returns(rewards, values, terminated, truncated=None, *, next_values=N
                          gamma, lmbda), time_dim, out)
 
 
+_DISC = _row(Estimator("discounted_returns", "returns", MODE_TDLAMBDA,
+                       ("rewards", "terminated", "truncated", "next_values", "bootstrap_value"),
+                       tuple(p for p in _RETURNS_SLOTS if p[0] != "values"), ("gamma",),
+                       ("returns",), ("rewards", "next_values", "bootstrap_value"),
+                       backward="td", bwd_mode=MODE_TD_BWD, required=("rewards", "terminated")))
+
+
 def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
                        bootstrap_value=None, gamma=0.99, time_dim, out=None):
     r"""Discounted (Monte-Carlo) returns: [`lambda_returns`][] with lambda = 1.
@@ -237,6 +273,14 @@ def discounted_returns(rewards, terminated, truncated=None, *, next_values=None,
     """
     return _front(_DISC, (rewards, terminated, truncated, next_values, bootstrap_value, gamma),
                   time_dim, out)
+
+
+_VTRACE = _row(Estimator("vtrace", "returns", MODE_VTRACE, ("log_rhos",) + _RETURNS_IN,
+                         (("log_rhos", "rho"),) + _RETURNS_SLOTS,
+                         ("gamma", "lmbda", "rho_bar", "c_bar", "pg_rho_bar"),
+                         ("vs", "pg_advantages"),
+                         _VALUE_GRADS, backward="vtrace", bwd_mode=MODE_VTRACE_BWD,
+                         required=("log_rhos", "rewards", "values", "terminated")))
 
 
 def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values=None,
@@ -284,6 +328,17 @@ def vtrace(log_rhos, rewards, values, terminated, truncated=None, *, next_values
     return _front(_VTRACE, (log_rhos, rewards, values, terminated, truncated, next_values,
                             bootstrap_value, gamma, lmbda, rho_bar, c_bar, pg_rho_bar),
                   time_dim, out)
+
+
+_RETRACE = _row(Estimator("retrace", "returns", MODE_RETRACE,
+                          ("log_rhos", "rewards", "q_values", "expected_next_q", "terminated",
+                           "truncated"),
+                          (("log_rhos", "rho"), ("rewards", "x"), ("q_values", "v"),
+                           ("expected_next_q", "nv"), ("terminated", "term"),
+                           ("truncated", "trunc")),
+                          ("gamma", "lmbda", "c_bar"), ("q_targets",),
+                          required=("log_rhos", "rewards", "q_values", "expected_next_q",
+                                    "terminated")))
 
 
 def retrace(log_rhos, rewards, q_values, expected_next_q, terminated, truncated=None, *,
@@ -390,6 +445,13 @@ def retrace_from_actions(q_values, target_probs, actions, behaviour_log_probs, r
     return res if out is not None else res.to(rewards.dtype)
 
 
+_TRACES = _row(Estimator("eligibility_traces", "forward", MODE_TRACE, ("x", "done", "init"),
+                         (("x", "x"), ("done", "term"), ("init", "init")), ("gamma", "lmbda"),
+                         ("traces",), ("x", "init"), reverse=False, backward="trace",
+                         bwd_mode=MODE_TRACE,
+                         required=("x", "done")))
+
+
 def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim, out=None):
     r"""Accumulating eligibility traces (Sutton & Barto 2018, sec. 12.2), forward in time.
 
@@ -422,6 +484,12 @@ def eligibility_traces(x, done, *, gamma=0.99, lmbda=0.95, init=None, time_dim, 
     return _front(_TRACES, (x, done, init, gamma, lmbda), time_dim, out)
 
 
+_CUMSUM = _row(Estimator("episodic_cumsum", "forward", MODE_TRACE, ("x", "done", "init"),
+                         (("x", "x"), ("done", "term"), ("init", "init")), (), ("sums",),
+                         ("x", "init"), reverse=False, backward="trace", bwd_mode=MODE_TRACE,
+                         required=("x", "done")))
+
+
 def episodic_cumsum(x, done, *, init=None, time_dim, out=None):
     r"""Running sum within episodes (episode return or length so far), forward in time.
 
@@ -441,6 +509,12 @@ def episodic_cumsum(x, done, *, init=None, time_dim, out=None):
         tensor([1., 2., 3., 1., 2.])
     """
     return _front(_CUMSUM, (x, done, init), time_dim, out)
+
+
+_LINREC = _row(Estimator("linear_recurrence", "linrec", MODE_LINREC, ("alpha", "beta", "init"),
+                         (("alpha", "x"), ("beta", "v"), ("init", "init")), (), ("h",),
+                         ("alpha", "beta", "init"), reverse=None, backward="linrec",
+                         required=("alpha", "beta")))
 
 
 def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim, out=None):
@@ -472,3 +546,7 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim, out=Non
         tensor([1.7500, 1.5000, 1.0000])
     """
     return _front(_LINREC, (alpha, beta, init, reverse), time_dim, out)
+
+
+# every row's public function, and the convenience form built on retrace's
+__all__ = [*TABLE, "retrace_from_actions"]

@@ -85,7 +85,6 @@ from rl_triton_core._table import (
 from rl_triton_core.scan import _call, _dispatch
 
 _HALF = (torch.float16, torch.bfloat16)
-_LINREC = TABLE["linear_recurrence"]
 
 
 def wants_grad(spec: Estimator, raw: tuple) -> bool:
@@ -176,9 +175,10 @@ def _scan(alpha, beta, *, reverse, td):
     """The primitive's scan (cached launch or full path), for the torch-op backwards;
     differentiable itself where grad mode is on (double backward)."""
     raw = (alpha, beta.contiguous(), None, reverse, None, None)
-    if wants_grad(_LINREC, raw):
-        return apply(_LINREC, raw, td)
-    return _call.forward(_LINREC, raw, td)
+    linrec = TABLE["linear_recurrence"]
+    if wants_grad(linrec, raw):
+        return apply(linrec, raw, td)
+    return _call.forward(linrec, raw, td)
 
 
 def _fused(device) -> bool:

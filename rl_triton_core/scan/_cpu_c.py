@@ -39,7 +39,7 @@ def _bind():
 
 
 replay = _bind()
-_MODES = (MODE_GAE, MODE_TDLAMBDA)
+_MODES = {MODE_GAE: 1, MODE_TDLAMBDA: 2}  # the C kernel's mode numbers
 
 
 def available() -> bool:
@@ -61,7 +61,7 @@ def handles(key) -> bool:
 def _scan_args(key, a, threads):
     """``_cscan.scan``'s arguments from the variant ``key`` and ``a`` (``_dispatch.CpuArgs``)."""
     (mode, _, two_out, has_v, has_nv, has_trunc, has_boot, _, g_t, l_t) = key[:10]
-    return (mode, two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads or THREADS,
+    return (_MODES[mode], two_out, has_v, has_nv, has_trunc, has_boot, g_t, l_t, threads or THREADS,
             a.out0, a.out1, a.x, a.v, a.nv, a.term, a.trunc, a.boot, a.g, a.lm, float(a.gs),
             float(a.lms))
 

@@ -364,8 +364,8 @@ def _front_door(key):
     """(estimator name, time_dim) of a public call's plan key (``_call.forward``'s); None
     for the backward passes' keys (a mode first), whose calls the C replay does not
     repeat."""
-    k = key[0]
-    return (k[0], k[2]) if type(k) is tuple and len(k) == 3 and type(k[0]) is str else None
+    k = key[0]  # (name, type(time_dim), time_dim); a backward pass's starts with its mode
+    return (k[0], k[2]) if type(k) is tuple and len(k) == 3 and type(k[1]) is type else None
 
 
 def c_prefix(name: str) -> bytes:

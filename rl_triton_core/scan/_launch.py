@@ -20,12 +20,13 @@ import math
 
 import torch
 import triton
-from triton import knobs
+from triton import knobs  # noqa: F401 (the launch hooks _dispatch reads)
 
 from rl_triton_core import _record, _table
 from rl_triton_core._config import Tuning, current_tuning
 from rl_triton_core._host import sm_count as _sm_count
 from rl_triton_core._host import split
+from rl_triton_core._tl import Replay
 from rl_triton_core._validate import extent
 from rl_triton_core.scan._kernel import scan_kernel
 
@@ -65,7 +66,7 @@ def _segments(N: int, T: int, block_n: int, block_t: int, device, tune: Tuning,
     return seg, S
 
 
-def plan(N: int, T: int, time_contiguous: bool, device, mode: int = _table.MODE_GAE,
+def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_GAE,
          elem_bytes: int = 4, tune: Tuning | None = None):
     """Tile shape, warps and time segmentation:
     (BLOCK_N, BLOCK_T, SEG_LEN, S, num_warps, SCALAR_N, STAGES).
@@ -271,66 +272,6 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
 
 
 # --------------------------------------------------------------------- cached launch
-
-
-class Replay:
-    """The run of a recorded Triton launch (:class:`_record.Recorded`): the compiled
-    kernels ``[(kernel, grid, constexpr values)]`` of ``jit_fn``, repeated with a call's
-    positional arguments on ``device``. False back: this Triton's launcher takes other
-    arguments, so no record can be replayed (``fatal``)."""
-
-    __slots__ = ("jit_fn", "kernels", "device")
-    fatal = True
-
-    def __init__(self, jit_fn, launched, n_args, device):
-        names = jit_fn.arg_names[n_args:]
-        self.jit_fn, self.device = jit_fn, device
-        self.kernels = [(k, grid, [consts[n] for n in names]) for k, grid, consts in launched]
-
-    def __call__(self, args) -> bool:
-        return replay(self.jit_fn, self.kernels, args, self.device)
-
-
-def replay(jit_fn, kernels, args, device) -> bool:
-    """Repeat a recorded launch of ``jit_fn``: its compiled kernels
-    ``[(kernel, grid, constexpr values)]`` with these positional arguments, on
-    ``device`` (made current for the launch). CPU tensors (the interpreter, the tests'
-    ``cpu_plans``) go through Triton's own launch. False: this Triton's launcher takes
-    other arguments (nothing was launched)."""
-    if device.type != "cuda":
-        names = jit_fn.arg_names[len(args):]
-        for _, grid, consts in kernels:
-            jit_fn[grid](*args, **dict(zip(names, consts)))
-        return True
-    if device.index != torch._C._cuda_getDevice():
-        with torch.cuda.device(device):
-            return run_compiled(kernels, args, device)
-    return run_compiled(kernels, args, device)
-
-
-def _hook(h):
-    """A launch hook, or None where there is none: None, or an empty chain of them
-    (``triton.knobs.HookChain``, whose launch metadata would be built for nothing)."""
-    return None if h is None or getattr(h, "calls", True) == [] else h
-
-
-def run_compiled(kernels, args, device) -> bool:
-    """Launch compiled kernels ``[(kernel, grid, constexpr values)]`` with these
-    positional arguments on the current stream of ``device`` (the current device),
-    through the compiled kernels' own launcher, without Triton's argument binding.
-    False: this Triton's launcher takes other arguments (nothing was launched)."""
-    stream = torch._C._cuda_getCurrentRawStream(device.index)
-    enter, leave = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
-    try:
-        for kernel, grid, consts in kernels:
-            full = (*args, *consts)
-            # the launch metadata is for the enter hook only (a profiler's)
-            meta = None if enter is None else kernel.launch_metadata(grid, stream, *full)
-            kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata,
-                       meta, enter, leave, *full)
-    except TypeError:  # a Triton whose launcher takes other arguments (before launching)
-        return False
-    return True
 
 
 def record(raw, index, launched_call, like_idx, user_out, out_idx):

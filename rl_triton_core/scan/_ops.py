@@ -198,8 +198,9 @@ torch.library.custom_op(
 ).register_fake(_backward_fake)
 
 
-for _spec in TABLE.values():
-    _OPS[_spec.name] = _make(_spec)
+def define(spec: Estimator):
+    """Define row ``spec``'s custom op (``estimators._row``, once per row, at import)."""
+    _OPS[spec.name] = _make(spec)
 
 
 def call(spec: Estimator, raw: tuple, time_dim, out_arg=None):
