@@ -20,7 +20,7 @@ fixes everything the record took from the first call) checks its numbers' ranges
 for a call with ``out=`` tensors, that they share no memory with the inputs (pointers
 against recorded byte extents: no data read, no host synchronisation), allocates,
 fills the arguments and hands them to its ``run``: the compiled Triton kernels
-(``_launch.Replay``) or the CPU scan (``_dispatch.CpuRun``). The same record, turned
+(``_tl.Replay``) or the CPU scan (``_dispatch.CpuRun``). The same record, turned
 into ``_claunch``'s C record, is what a CUDA call repeated in C runs.
 """
 

@@ -22,7 +22,8 @@ import os
 
 import torch
 
-from rl_triton_core import _host, _validate
+from rl_triton_core import _config, _host, _record, _validate
+from rl_triton_core.scan import _dispatch
 from rl_triton_core.scan._dispatch import backend_for
 
 __all__ = ["masked_gae", "masked_returns", "masked_whiten"]
@@ -123,6 +124,12 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_ep
         >>> rc.masked_whiten(x, torch.tensor([[1, 1, 1, 0]]), fill=0.0)
         tensor([[-1.,  0.,  1.,  0.]])
     """
+    raw = (x, None, mask, None, 0.0, 0.0)
+    prefix = ("masked_whiten", shift_mean, unbiased, eps, count_eps, fill)
+    if _PLANS:
+        res = _replay(prefix, raw)
+        if res is not None:
+            return res
     x = _validate.floating("x", _validate.tensor("x", x))
     mask = _validate.tensor("mask", mask, flag=True)
     _validate.same_shape("mask", mask, "x", x.shape)
@@ -132,7 +139,8 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_ep
     x2, m2 = _rows(x), _rows(mask)
     out = _empty(x2.shape, x.dtype, device)
     if x.numel():
-        _run(_STATS, x2, None, m2, None, 0.0, 0.0, out, None, how, whiten_src=x2)
+        ran = _run(_STATS, x2, None, m2, None, 0.0, 0.0, out, None, how, whiten_src=x2)
+        _remember(prefix, raw, ran, {x2: (x, 0), m2: (mask, 2)}, ((out, x.shape),), 1)
     return out.reshape(x.shape)
 
 
@@ -167,6 +175,12 @@ def _rows(t):
 
 
 def _scan(name, mode, rewards, values, mask, gamma, lmbda, cu_seqlens, time_dim, how):
+    raw = (rewards, values, mask, cu_seqlens, gamma, lmbda)
+    prefix = (name, mode, type(time_dim), time_dim, how)
+    if _PLANS:
+        res = _replay(prefix, raw)
+        if res is not None:
+            return res
     rewards = _validate.tensor("rewards", rewards)
     named = [("rewards", rewards)]
     if values is not None:
@@ -209,7 +223,16 @@ def _scan(name, mode, rewards, values, mask, gamma, lmbda, cu_seqlens, time_dim,
     a = _empty(r2.shape, dtype, device)
     b = _empty(r2.shape, dtype, device) if mode in (_GAE_SKIP, _GAE_MUL) else None
     if r2.numel() and (cu_seqlens is None or cu_seqlens.numel() > 1):
-        _run(mode, r2, v2, m2, cu_seqlens, float(g), float(g) * float(lm), a, b, how)
+        ran = _run(mode, r2, v2, m2, cu_seqlens, float(g), float(g) * float(lm), a, b, how)
+        if not (nd == 2 and tm == 0):  # (time-major: the outputs are transposed views)
+            shape = raw[0].shape
+            sources = {r2: (raw[0], 0), m2: (raw[2], 2)}
+            if v2 is not None:
+                sources[v2] = (raw[1], 1)
+            if cu_seqlens is not None:
+                sources[cu_seqlens] = (raw[3], 3)
+            _remember(prefix, raw, ran, sources, ((a, shape),) + ((b, shape),) * (b is not None),
+                      2)
 
     def shaped(o):
         if o is None:
@@ -220,11 +243,102 @@ def _scan(name, mode, rewards, values, mask, gamma, lmbda, cu_seqlens, time_dim,
 
 
 def _run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src=None):
+    """Run the kernels; on the Triton path return their launches (``_token_kernel.run``)."""
     if backend_for(r.device) == "triton":
         from rl_triton_core.token import _token_kernel
-        _token_kernel.run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src)
-    else:
-        _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src)
+        return _token_kernel.run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src)
+    _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src)
+    return None
+
+
+# ------------------------------------------------------------------ recorded launches
+# A Triton call that ran through the full path is recorded (``_record.Recorded``) under
+# the key of its arguments (``_dispatch.key_of``: shapes, strides, dtypes, devices, the
+# options); a repeat skips the checks, the views and Triton's argument binding, and
+# launches the compiled kernels again (``_tl.Replay``), on fresh outputs. ``raw``:
+# (data, values, mask, cu_seqlens, gamma, lmbda); a repeat appends the float32 halves of
+# gamma and gamma lambda, which the token scan takes.
+_PLANS: dict = {}
+_MAX_PLANS = 256
+_NUMBERS = ("g_hi", "g_lo", "gl_hi", "gl_lo")  # the token scan's, from raw[6:10]
+_RANGES = ((4, 0.0, 1.0), (5, 0.0, 1.0))  # gamma and lambda in [0, 1], else the full path
+_broken = False  # this Triton's launcher takes other arguments: no replay
+
+
+def _replay(prefix, raw):
+    """The result of a recorded call with these arguments, or None (the full path runs)."""
+    global _broken
+    if torch.compiler.is_compiling():
+        return None
+    key = _dispatch.key_of(prefix, raw, _config._current)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable argument: the full path says why
+        return None
+    if plan is None:
+        return None
+    g = float(raw[4])
+    res = plan(raw + _host.split(g) + _host.split(g * float(raw[5])))
+    if res is None and plan.broken:
+        _broken = True
+        _PLANS.clear()
+    return res
+
+
+def _remember(prefix, raw, ran, sources, outs, n_returns):
+    """Record a Triton call that just ran (``ran``: its launches and scratch tensors).
+
+    ``sources``: {the view a kernel received: (the user's tensor, its index in raw)};
+    ``outs``: (output tensor, the shape it is returned in). Nothing is recorded where a
+    kernel received a copy of a user's tensor, a number is not a plain float or int, or
+    caching is off (``Tuning.cached_launch``; CPU tensors only under ``cpu_plans``)."""
+    tune = _config._current
+    if ran is None or _broken or not tune.cached_launch or torch.compiler.is_compiling():
+        return
+    device = outs[0][0].device
+    if device.type != "cuda" and not tune.cpu_plans:
+        return
+    if any(type(n) not in (float, int) for n in raw[4:6]):
+        return
+    key = _dispatch.key_of(prefix, raw, tune)
+    if key is None:
+        return
+    from rl_triton_core import _tl
+
+    launched, scratch = ran
+    allocs, index = [], {}
+    for t, shape in outs:
+        index[id(t)] = len(allocs)
+        allocs.append(_record.Alloc(None, tuple(shape), t.dtype, device))
+    for t, zero in scratch:
+        index[id(t)] = len(allocs)
+        allocs.append(_record.Alloc(None, tuple(t.shape), t.dtype, device, zero=zero))
+    user = {id(view): idx for view, (t, idx) in sources.items()
+            if view.data_ptr() == t.data_ptr()}  # a view of the user's memory, no copy
+    flat, parts, tensors, numbers, placed = [], [], [], [], []
+    for jit_fn, compiled, grid, consts, args in launched:
+        lo = len(flat)
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if id(a) in index:
+                    placed.append((lo + i, index[id(a)]))
+                elif id(a) in user:
+                    tensors.append((lo + i, user[id(a)]))
+                else:
+                    return  # a copy the full path made: not repeatable
+            elif jit_fn.arg_names[i] in _NUMBERS:
+                numbers.append((lo + i, 6 + _NUMBERS.index(jit_fn.arg_names[i])))
+        flat += args
+        parts.append((_tl.Replay(jit_fn, [(compiled, grid, consts)], len(args), device), lo,
+                      len(flat)))
+    returns = [(True, k) for k in range(len(outs))]
+    if n_returns == 2 and len(outs) == 1:
+        returns.append((False, 1))  # masked_returns: (returns, None), raw[1] is None
+    rec = _record.Recorded(_tl.Chain(parts), flat, tensors=tensors, numbers=numbers,
+                           checks=_RANGES, allocs=allocs, placed=placed, returns=returns)
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = rec
 
 
 def _np(t):

@@ -156,6 +156,7 @@ def captured_launches(monkeypatch):
 
     if not TRITON_INTERPRET:
         pytest.skip("interpreter only (the GPU tests run the cached launch for real)")
+    from rl_triton_core import _tl
     from rl_triton_core.scan import _dispatch, _launch
 
     monkeypatch.setenv(BACKEND_ENV, "triton")
@@ -171,7 +172,7 @@ def captured_launches(monkeypatch):
         return res
 
     monkeypatch.setattr(_launch, "launch", spy)
-    real_replay = _launch.Replay.__call__
+    real_replay = _tl.Replay.__call__
 
     def replay(self, args):  # the scan's replays captured; the others' run
         if self.jit_fn is not _launch.scan_kernel:
@@ -179,7 +180,7 @@ def captured_launches(monkeypatch):
         cap.replayed.append(list(args))
         return True
 
-    monkeypatch.setattr(_launch.Replay, "__call__", replay)
+    monkeypatch.setattr(_tl.Replay, "__call__", replay)
     return cap
 
 

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton import knobs
 
-from rl_triton_core import _config, _record, _table
+from rl_triton_core import _config, _record, _table, _tl
 from rl_triton_core._layout import Layout
 from rl_triton_core.scan import _claunch, _dispatch, _launch
 from rl_triton_core.scan._kernel import _apply, _column, _combine
@@ -210,7 +210,7 @@ def _record_pieces(key, raw, args, kernel, grid, consts, like_ok, shape):
     piece = _record.Alloc(RAW.index("like") if like_ok else None, shape, torch.float32,
                           raw[0].device)
     _dispatch._store(key, _record.Recorded(
-        _launch.Replay(actions_kernel, [(kernel, grid, consts)], len(args), raw[0].device),
+        _tl.Replay(actions_kernel, [(kernel, grid, consts)], len(args), raw[0].device),
         args, tensors=tensors, allocs=(piece,) * 3,
         placed=tuple((pos, k) for k, pos in enumerate(_PIECES)),
         returns=((True, 0), (True, 1), (True, 2))))
@@ -459,7 +459,7 @@ def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
             return
     device = raw[0].device
     rec = _record.Recorded(
-        _launch.Replay(fused_kernel, [(kernel, grid, consts)], len(args), device), args,
+        _tl.Replay(fused_kernel, [(kernel, grid, consts)], len(args), device), args,
         tensors=tensors, numbers=[(pos, idx) for pos, idx, _ in _FUSED_NUMBERS],
         checks=[(idx, 0.0, hi) for _, idx, hi in _FUSED_NUMBERS],
         allocs=(_record.Alloc(RAW_FUSED.index("rewards") if like_ok else None, shape,

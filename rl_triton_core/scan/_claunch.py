@@ -159,7 +159,7 @@ _KIND = {"alloc": P_ALLOC, "arg": P_ARG, "f32": P_F32, "hi": P_HI, "lo": P_LO}
 
 def of_recorded(ckey, rec, args, nargs: int, tune):
     """The C record of ``rec`` (a :class:`_record.Recorded` whose run is a
-    ``_launch.Replay``), just made from a launch with positional arguments ``args``
+    ``_tl.Replay``), just made from a launch with positional arguments ``args``
     (its allocations are the tensors it placed there), for a call of ``nargs``
     arguments; None where it cannot be recorded."""
     run = rec.run

@@ -433,7 +433,11 @@ WHITEN_TILE = (16, 1024, 4)
 
 def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     """Launch the scan (and the whitening) on ``[R, P]`` views; outputs ``[R, P]``
-    contiguous. ``how``: None or (count_eps, eps, unbiased, shift, fill)."""
+    contiguous. ``how``: None or (count_eps, eps, unbiased, shift, fill).
+
+    Returns the launches, ``[(kernel, compiled kernel, grid, constexprs, arguments)]``,
+    and the scratch tensors it allocated, ``[(tensor, zeroed)]``: what a recorded launch
+    (``tokens``) repeats."""
     import torch
 
     fp64 = any(t is not None and t.dtype == torch.float64 for t in (r, v, out0))
@@ -450,6 +454,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
     bt, warps, k = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
     ws = torch.empty(3 * n_rows, dtype=acc, device=device) if whiten else None
+    scratch = [] if ws is None else [(ws, False)]
     vv = v if v is not None else src
     # half-precision advantages that are whitened next: the scan stores them in the
     # accumulation dtype, so the whitened result rounds once (not the rounded advantages
@@ -457,15 +462,18 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     adv = out0
     if whiten and mode != MODE_STATS and out0.dtype in (torch.float16, torch.bfloat16):
         adv = torch.empty(out0.shape, dtype=acc, device=device)
+        scratch.append((adv, False))
+    launched = []
     if mode != MODE_STATS or whiten:
-        token_scan_kernel[(n_rows,)](
-            src, vv, m, cu, adv, out1 if out1 is not None else out0, ws,
-            src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0), m.stride(1),
-            n_tok, n_rows, *split(g), *split(gl),
-            MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, K=k,
-            num_warps=warps)
+        args = [src, vv, m, cu, adv, out1 if out1 is not None else out0, ws,
+                src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0),
+                m.stride(1), n_tok, n_rows, *split(g), *split(gl)]
+        consts = dict(MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, K=k)
+        grid = (n_rows, 1)
+        compiled = token_scan_kernel[grid](*args, **consts, num_warps=warps)
+        launched.append((token_scan_kernel, compiled, grid, consts, args))
     if how is None:
-        return
+        return launched, scratch
     fill = how[4]
     x = whiten_src if mode == MODE_STATS else adv
     numel = out0.numel()
@@ -475,10 +483,12 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     n_blocks = triton.cdiv(numel, block) if flat else out0.shape[0] * t_blocks
     ce = split(how[0] if whiten else 0.0)
     ep = split(how[1] if whiten else 0.0)
-    whiten_kernel[(max(1, min(n_blocks, per_sm * sm_count(device))),)](
-        x, m, out0, ws, n_rows, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok, numel,
-        n_blocks, t_blocks, 0.0 if fill is None else fill, *ce, *ep, NORM=whiten,
-        SHIFT=bool(how[3]), FILL=fill is not None, FLAT=flat,
-        UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BLOCK=block,
-        RB=max(128, min(2048, triton.next_power_of_2(n_rows))),
-        num_warps=w_warps)
+    args = [x, m, out0, ws, n_rows, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok,
+            numel, n_blocks, t_blocks, 0.0 if fill is None else fill, *ce, *ep]
+    consts = dict(NORM=whiten, SHIFT=bool(how[3]), FILL=fill is not None, FLAT=flat,
+                  UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BLOCK=block,
+                  RB=max(128, min(2048, triton.next_power_of_2(n_rows))))
+    grid = (max(1, min(n_blocks, per_sm * sm_count(device))), 1)
+    compiled = whiten_kernel[grid](*args, **consts, num_warps=w_warps)
+    launched.append((whiten_kernel, compiled, grid, consts, args))
+    return launched, scratch

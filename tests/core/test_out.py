@@ -16,9 +16,9 @@ from core_testlib import TOL, bernoulli, python_plans, uniform
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
-from rl_triton_core import _config
+from rl_triton_core import _config, _tl
 from rl_triton_core._table import TABLE
-from rl_triton_core.scan import _dispatch, _launch
+from rl_triton_core.scan import _dispatch
 
 LEAD, T, A, F = (2, 3), 9, 3, 2  # two lead axes: a permuted out cannot merge them
 TWO_OUT = {n for n, e in TABLE.items() if e.n_out == 2}
@@ -425,7 +425,7 @@ def test_cached_plan_is_keyed_on_out(gen, monkeypatch, tuned):
     tuned(cpu_plans=True)
     monkeypatch.setattr(_dispatch, "_PLANS", {})
     replays = []
-    monkeypatch.setattr(_launch.Replay, "__call__",
+    monkeypatch.setattr(_tl.Replay, "__call__",
                         lambda self, args: replays.append(args) or True)
     a = torch.randn(3, 16, generator=gen)
     b = torch.rand(3, 16, generator=gen)

@@ -19,7 +19,7 @@ INIT = "__init__"  # the package itself: `import rl_triton_core`, `from rl_trito
 LAZY = {("scan._dispatch", "scan._launch"), ("scan._dispatch", "scan._cpu"),
         ("tokens", "token._token_kernel"), ("tokens", "token._token_cpu"),
         ("scan._dispatch", "scan._cpu_first"), ("scan._cpu_first", "scan._cpu"),
-        ("scan._from_actions", "scan._actions")}
+        ("scan._from_actions", "scan._actions"), ("tokens", "_tl")}
 SUBPACKAGES = ("scan", "token", "bench")
 
 
