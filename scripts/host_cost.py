@@ -74,6 +74,7 @@ def estimator_calls(n, t, device, gen):
     acts = torch.randint(0, 6, (n, t), generator=gen).to(device)
     logmu = torch.full((n, t), 1 / 6, device=device).log()
     beta = 0.99 * (~done).float()
+    mask = ~done  # the token estimators' response mask
     outs = (torch.empty_like(r), torch.empty_like(r))
 
     def g(name):  # looked up at call time: a missing estimator raises, and is recorded
@@ -118,6 +119,12 @@ def estimator_calls(n, t, device, gen):
             x, done, time_dim=-1)),
         "linear_recurrence": ("linear_recurrence", lambda: g("linear_recurrence")(
             x, beta, time_dim=-1)),
+        "masked_gae": ("masked_gae", lambda: g("masked_gae")(r, v, mask, gamma=1.0, lmbda=0.95,
+                                                             time_dim=-1)),
+        "masked_gae(whiten)": ("masked_gae", lambda: g("masked_gae")(
+            r, v, mask, gamma=1.0, lmbda=0.95, whiten=True, time_dim=-1)),
+        "masked_returns": ("masked_returns", lambda: g("masked_returns")(r, mask, gamma=1.0,
+                                                                         time_dim=-1)),
         "torch.add": ("baseline", lambda: torch.add(r, v)),
         "torch.add(out=)": ("baseline", lambda: torch.add(r, v, out=outs[0])),
     })
