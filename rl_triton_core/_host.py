@@ -11,12 +11,20 @@ and a fresh process's first CPU call does not wait for numba.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import struct
+import tempfile
+import threading
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: the compile lock is between threads only
+    fcntl = None
 
 _F32_MAX = 3.4e38  # float32 max, with room so the rounded hi stays finite
 
@@ -99,6 +107,64 @@ def cache_outside_the_source_tree(module_file: str) -> None:
         locator = _Locator
         classes.insert(1, locator)  # after NUMBA_CACHE_DIR's locator, before __pycache__'s
     locator.files.add(os.path.abspath(module_file))
+
+
+# One numba compile at a time, across the threads and the processes of this user: numba's
+# on-disk cache has no lock of its own, and two processes saving variants of one function
+# at once can both take the same next data file, leaving an index entry that points at the
+# other's code (numba issues 4807, 9348). Such a variant then fails on every call, in every
+# later process, with "can't unbox array from PyObject into native value" (seen in this
+# project's test runs: two pytest workers and a third process compiling at once). The lock
+# wraps a dispatcher's compile (a cache load, or a compile and its save), so a process that
+# waits finds the other's entry and loads it instead of compiling the same variant again.
+_COMPILE_LOCK = threading.RLock()
+_compile_depth = 0
+_lock_fd = None
+
+
+def _lock_path() -> str:
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return os.path.join(tempfile.gettempdir(), f"rl_triton_core-numba-{uid}.lock")
+
+
+@contextlib.contextmanager
+def compile_lock():
+    """Hold the numba compile lock (re-entrant within a thread; a file lock between
+    processes where ``fcntl`` exists, else between threads only)."""
+    global _compile_depth, _lock_fd
+    with _COMPILE_LOCK:
+        _compile_depth += 1
+        locked = False
+        try:
+            if _compile_depth == 1 and fcntl is not None:
+                if _lock_fd is None:
+                    try:
+                        _lock_fd = os.open(_lock_path(), os.O_RDWR | os.O_CREAT, 0o600)
+                    except OSError:  # no writable temp directory: threads only
+                        _lock_fd = -1
+                if _lock_fd >= 0:
+                    fcntl.flock(_lock_fd, fcntl.LOCK_EX)
+                    locked = True
+            yield
+        finally:
+            if locked:
+                fcntl.flock(_lock_fd, fcntl.LOCK_UN)
+            _compile_depth -= 1
+
+
+def locked_compiles(dispatcher):
+    """``dispatcher`` (a numba function the CPU path calls from Python) with its compiles
+    under :func:`compile_lock`; the functions it calls compile inside its compile. A no-op
+    where the on-disk cache is off (``RL_TRITON_CORE_NUMBA_CACHE=0``)."""
+    if NUMBA_CACHE:
+        compile_ = dispatcher.compile
+
+        def compile(sig):
+            with compile_lock():
+                return compile_(sig)
+
+        dispatcher.compile = compile
+    return dispatcher
 
 
 WARMING: dict = {}  # a numba kernel's key -> the thread loading it in the background

@@ -204,7 +204,7 @@ def _build(MODE, REVERSE, TWO_OUT, HAS_V, HAS_NV, HAS_TRUNC, HAS_BOOT, HAS_INIT,
                     if TWO_OUT:
                         o1[k] = h + vt
 
-    return scan
+    return _host.locked_compiles(scan)
 
 
 THREADS, _MIN_WORK, _pool = _host.THREADS, _host.MIN_WORK, _host.pool

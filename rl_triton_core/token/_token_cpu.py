@@ -138,7 +138,7 @@ def _make_scan(MODE):
                 stats[i, 1] = mean
                 stats[i, 2] = max(s2 - s1 * s1 / cnt, 0.0) if cnt > 0 else 0.0
 
-    return scan
+    return _host.locked_compiles(scan)
 
 
 SCANS = {mode: _make_scan(mode) for mode in (GAE_SKIP, GAE_MUL, RET_SKIP, RET_MUL)}
@@ -189,6 +189,10 @@ def finish(stats, count_eps, eps, unbiased):
     return mu, 1.0 / np.sqrt(var + eps)
 
 
+row_stats = _host.locked_compiles(row_stats)
+finish = _host.locked_compiles(finish)
+
+
 def _make_whiten(SHIFT, FILL):
     @numba.njit(nogil=True, cache=_CACHE)
     def whiten(x, m, rows, starts, lens, mu, rstd, fill, out, lo, hi):
@@ -204,7 +208,7 @@ def _make_whiten(SHIFT, FILL):
                     y = y if m[row, p] != 0 else fill
                 out[row, p] = y
 
-    return whiten
+    return _host.locked_compiles(whiten)
 
 
 WHITENS = {(sh, fi): _make_whiten(sh, fi) for sh in (True, False) for fi in (True, False)}
