@@ -110,13 +110,13 @@ def cache_outside_the_source_tree(module_file: str) -> None:
 
 
 # One numba compile at a time, across the threads and the processes of this user: numba's
-# on-disk cache has no lock of its own, and two processes saving variants of one function
+# on-disk cache takes no lock of its own, and two processes saving variants of one function
 # at once can both take the same next data file, leaving an index entry that points at the
-# other's code (numba issues 4807, 9348). Such a variant then fails on every call, in every
-# later process, with "can't unbox array from PyObject into native value" (seen in this
-# project's test runs: two pytest workers and a third process compiling at once). The lock
-# wraps a dispatcher's compile (a cache load, or a compile and its save), so a process that
-# waits finds the other's entry and loads it instead of compiling the same variant again.
+# other's code. Such a variant then fails on every call, in every later process, with
+# "can't unbox array from PyObject into native value" (seen in this project's test runs:
+# two pytest workers and a third process compiling at once). The lock wraps a dispatcher's
+# compile (a cache load, or a compile and its save), so a process that waits finds the
+# other's entry and loads it instead of compiling the same variant again.
 _COMPILE_LOCK = threading.RLock()
 _compile_depth = 0
 _lock_fd = None
