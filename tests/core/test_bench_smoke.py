@@ -396,3 +396,21 @@ def test_cli_cpu_table_prints_and_writes(tmp_path, monkeypatch, capsys):
     assert seen == dict(reps=3, rounds=1, fresh=True, cold=True)
     assert "Machine: test" in capsys.readouterr().out
     assert (tmp_path / "cpu_table.md").read_text() == "Machine: test\n| peer | ... |\n"
+
+
+@pytest.mark.gpu
+def test_one_process_over_several_shapes_runs_clean(tmp_path):
+    """retrace_from_actions at 32768x32, then at 256x1024, in one benchmark process: on
+    the H200 (2026-12-05) this faulted with an illegal memory access at the second shape,
+    with the trees before and after the structure work alike, while each shape alone ran
+    clean (so did 16384x16 or 4096x128 before 256x1024)."""
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "rl_triton_core.bench", "--no-peers", "--estimators",
+         "retrace_from_actions", "--shapes", "32768x32,256x1024", "--target-ms", "1",
+         "--no-progress", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "illegal memory access" not in res.stderr, \
+        res.stderr[-3000:]
