@@ -43,6 +43,21 @@ from rl_triton_core._table import (
 )
 from rl_triton_core.scan import _autograd, _call, _claunch, _cpu_c, _dispatch, _from_actions, _ops
 
+# every row's public function, and the convenience form built on retrace's (``rl_triton_core``
+# exports this list)
+__all__ = [
+    "gae",
+    "gae_advantages",
+    "lambda_returns",
+    "discounted_returns",
+    "vtrace",
+    "retrace",
+    "eligibility_traces",
+    "episodic_cumsum",
+    "linear_recurrence",
+    "retrace_from_actions",
+]
+
 
 def _front(spec, args: tuple, time_dim, out):
     """The one front door: ``args`` in the table row's order. Under torch.compile the
@@ -546,7 +561,3 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim, out=Non
         tensor([1.7500, 1.5000, 1.0000])
     """
     return _front(_LINREC, (alpha, beta, init, reverse), time_dim, out)
-
-
-# every row's public function, and the convenience form built on retrace's
-__all__ = [*TABLE, "retrace_from_actions"]
