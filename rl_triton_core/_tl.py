@@ -5,8 +5,8 @@ a Python number passed as float32 hi and lo halves (``_host.split``) read back i
 compute dtype. Host side: the run of a recorded launch (:class:`Replay`, for
 ``_record.Recorded``): compiled kernels repeated through their own launcher.
 
-Imported by the Triton launchers only (``scan._launch``, ``scan._actions``,
-``token._token_kernel``): the CPU path never imports Triton.
+Imported by the Triton launchers only (``scan._launch``, ``scan._actions``, ``tokens``
+where it records a call, ``token._token_kernel``): the CPU path never imports Triton.
 """
 
 import torch

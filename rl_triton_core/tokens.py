@@ -124,18 +124,17 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_ep
         >>> rc.masked_whiten(x, torch.tensor([[1, 1, 1, 0]]), fill=0.0)
         tensor([[-1.,  0.,  1.,  0.]])
     """
-    raw = (x, None, mask, None, 0.0, 0.0)
-    prefix = ("masked_whiten", shift_mean, unbiased, eps, count_eps, fill)
-    if _PLANS:
-        res = _replay(prefix, raw)
-        if res is not None:
-            return res
+    how = _whitening(True, count_eps, eps, unbiased, _validate.flag("shift_mean", shift_mean),
+                     fill)
+    raw = (x, None, mask, None, 0.0, 0.0) + _numbers(0.0, 0.0)
+    prefix = ("masked_whiten", how)
+    res = _replay(prefix, raw)
+    if res is not None:
+        return res
     x = _validate.floating("x", _validate.tensor("x", x))
     mask = _validate.tensor("mask", mask, flag=True)
     _validate.same_shape("mask", mask, "x", x.shape)
     device = _validate.same_device([("x", x), ("mask", mask)])
-    how = _whitening(True, count_eps, eps, unbiased, _validate.flag("shift_mean", shift_mean),
-                     fill)
     x2, m2 = _rows(x), _rows(mask)
     out = _empty(x2.shape, x.dtype, device)
     if x.numel():
@@ -175,12 +174,11 @@ def _rows(t):
 
 
 def _scan(name, mode, rewards, values, mask, gamma, lmbda, cu_seqlens, time_dim, how):
-    raw = (rewards, values, mask, cu_seqlens, gamma, lmbda)
+    raw = (rewards, values, mask, cu_seqlens, gamma, lmbda) + _numbers(gamma, lmbda)
     prefix = (name, mode, type(time_dim), time_dim, how)
-    if _PLANS:
-        res = _replay(prefix, raw)
-        if res is not None:
-            return res
+    res = _replay(prefix, raw)
+    if res is not None:
+        return res
     rewards = _validate.tensor("rewards", rewards)
     named = [("rewards", rewards)]
     if values is not None:
@@ -252,37 +250,33 @@ def _run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src=None):
 
 
 # ------------------------------------------------------------------ recorded launches
-# A Triton call that ran through the full path is recorded (``_record.Recorded``) under
-# the key of its arguments (``_dispatch.key_of``: shapes, strides, dtypes, devices, the
-# options); a repeat skips the checks, the views and Triton's argument binding, and
-# launches the compiled kernels again (``_tl.Replay``), on fresh outputs. ``raw``:
-# (data, values, mask, cu_seqlens, gamma, lmbda); a repeat appends the float32 halves of
-# gamma and gamma lambda, which the token scan takes.
-_PLANS: dict = {}
-_MAX_PLANS = 256
+# A Triton call that ran through the full path is recorded (``_record.Recorded``) in the
+# scan's table of recorded calls (``_dispatch.cached``, ``_dispatch._store``) under the key
+# of its arguments (shapes, strides, dtypes, devices, the tuning, the checked options); a
+# repeat skips the checks, the views and Triton's argument binding, and launches the
+# compiled kernels again (a ``_tl.Chain`` of ``_tl.Replay``), on fresh outputs. ``raw``:
+# (data, values, mask, cu_seqlens, gamma, lmbda, then the float32 halves of gamma and of
+# gamma lambda, which the token scan takes: :func:`_numbers`).
 _NUMBERS = ("g_hi", "g_lo", "gl_hi", "gl_lo")  # the token scan's, from raw[6:10]
 _RANGES = ((4, 0.0, 1.0), (5, 0.0, 1.0))  # gamma and lambda in [0, 1], else the full path
-_broken = False  # this Triton's launcher takes other arguments: no replay
+
+
+def _numbers(gamma, lmbda) -> tuple:
+    """The token scan's numbers (``_host.split`` of gamma and of gamma lambda), or four
+    Nones where gamma or lambda is not a plain float or int (never recorded: the full
+    path checks them)."""
+    if type(gamma) in (float, int) and type(lmbda) in (float, int):
+        g = float(gamma)
+        return _host.split(g) + _host.split(g * float(lmbda))
+    return (None,) * 4
 
 
 def _replay(prefix, raw):
-    """The result of a recorded call with these arguments, or None (the full path runs)."""
-    global _broken
-    if torch.compiler.is_compiling():
+    """The result of a recorded call with these arguments, or None (the full path runs).
+    Looked up only where some call was recorded: a CPU call builds no key."""
+    if not _dispatch._PLANS or torch.compiler.is_compiling():
         return None
-    key = _dispatch.key_of(prefix, raw, _config._current)
-    try:
-        plan = _PLANS.get(key)
-    except TypeError:  # an unhashable argument: the full path says why
-        return None
-    if plan is None:
-        return None
-    g = float(raw[4])
-    res = plan(raw + _host.split(g) + _host.split(g * float(raw[5])))
-    if res is None and plan.broken:
-        _broken = True
-        _PLANS.clear()
-    return res
+    return _dispatch.cached(prefix, raw)[1]
 
 
 def _remember(prefix, raw, ran, sources, outs, n_returns):
@@ -293,12 +287,13 @@ def _remember(prefix, raw, ran, sources, outs, n_returns):
     kernel received a copy of a user's tensor, a number is not a plain float or int, or
     caching is off (``Tuning.cached_launch``; CPU tensors only under ``cpu_plans``)."""
     tune = _config._current
-    if ran is None or _broken or not tune.cached_launch or torch.compiler.is_compiling():
+    if (ran is None or not _dispatch._replay_ok or not tune.cached_launch
+            or torch.compiler.is_compiling()):
         return
     device = outs[0][0].device
     if device.type != "cuda" and not tune.cpu_plans:
         return
-    if any(type(n) not in (float, int) for n in raw[4:6]):
+    if raw[6] is None:  # gamma or lambda not a plain number (_numbers)
         return
     key = _dispatch.key_of(prefix, raw, tune)
     if key is None:
@@ -336,9 +331,7 @@ def _remember(prefix, raw, ran, sources, outs, n_returns):
         returns.append((False, 1))  # masked_returns: (returns, None), raw[1] is None
     rec = _record.Recorded(_tl.Chain(parts), flat, tensors=tensors, numbers=numbers,
                            checks=_RANGES, allocs=allocs, placed=placed, returns=returns)
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[key] = rec
+    _dispatch._store(key, rec)
 
 
 def _np(t):

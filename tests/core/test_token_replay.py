@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import rl_triton_core as rc
-from rl_triton_core import _tl, tokens
+from rl_triton_core import _tl
+from rl_triton_core.scan import _dispatch
 
 
 @pytest.fixture
@@ -19,7 +20,7 @@ def replays(impl, tuned, monkeypatch):
         pytest.skip("the Triton path records launches (the CPU path has its own replay)")
     if impl.is_interp:
         tuned(cpu_plans=True)
-    monkeypatch.setattr(tokens, "_PLANS", {})
+    monkeypatch.setattr(_dispatch, "_PLANS", {})
     count = [0]
     real = _tl.Chain.__call__
 
@@ -95,12 +96,26 @@ def test_not_recorded_where_the_record_would_not_hold(impl, replays, gen):
     r, v, m = _data(gen, impl.device, torch.float32, (40, 3))
     for _ in range(2):  # time-major: the outputs are transposed views
         _same(rc.masked_gae(r, v, m, time_dim=0), _full(rc.masked_gae, r, v, m, time_dim=0))
-    assert replays[0] == 0 and not tokens._PLANS
+    assert replays[0] == 0 and not _dispatch._PLANS
     # another stride, dtype or option is another record
     r2, v2, m2 = _data(gen, impl.device, torch.float32, (3, 40))
     rc.masked_gae(r2, v2, m2, time_dim=-1)
     rc.masked_gae(r2, v2, m2, time_dim=-1, whiten=True)
     rc.masked_gae(r2[:, ::2], v2[:, ::2], m2[:, ::2], time_dim=-1)
-    assert replays[0] == 0 and len(tokens._PLANS) == 3
+    assert replays[0] == 0 and len(_dispatch._PLANS) == 3
     rc.masked_gae(r2[:, ::2], v2[:, ::2], m2[:, ::2], time_dim=-1)
     assert replays[0] == 1
+
+
+def test_options_are_checked_before_a_recorded_call_is_found(impl, replays, gen):
+    """A bad option equal to a recorded one (False == 0, 1 == True) still gets the full
+    path's error: options are checked before the lookup, and keyed as checked."""
+    r, _, m = _data(gen, impl.device, torch.float32, (3, 40))
+    for _ in range(2):
+        rc.masked_whiten(r, m, fill=0.0)
+        rc.masked_gae(r, r, m, gamma=1.0, lmbda=1.0, time_dim=-1)
+    assert replays[0] == 2
+    with pytest.raises(TypeError, match="fill"):
+        rc.masked_whiten(r, m, fill=False)
+    with pytest.raises(TypeError, match="gamma"):
+        rc.masked_gae(r, r, m, gamma=True, lmbda=1.0, time_dim=-1)
