@@ -235,8 +235,8 @@ def _notime(layout: Layout, t: torch.Tensor):
 def _taken(P, off, a, A, SA, m):
     """P[off + a * SA] where ``m`` and the action lies in [0, A); NaN for an action out
     of range; float32."""
-    ok = m & (a >= 0) & (a < A)
-    x = tl.load(P + off + a * SA, mask=ok, other=float("nan")).to(tl.float32)
+    ok = m & (a >= 0) & (a < A)  # (a masked lane's address stays in its row too)
+    x = tl.load(P + off + tl.where(ok, a, 0) * SA, mask=ok, other=float("nan")).to(tl.float32)
     return tl.where(m, x, 0.0)
 
 
@@ -292,7 +292,10 @@ def fused_kernel(OUT, Q, PI, ACT, BLP, NQ, NP, BQ, BP, X, TERM, TRUNC, g, lm, cb
         t = ((n_chunks - 1 - kk) * BLOCK_T + cols).to(tl.int64)
         m = nm2 & (t < T)
         mn = m & (t + 1 < T)
-        t1 = t + 1
+        # step t + 1's addresses, clamped into the window. Its lanes at t = T - 1 are
+        # masked, but triton 3.6 on the H200 still read BLP one element past the end there
+        # (compute-sanitizer): an illegal address where the next page was unmapped
+        t1 = tl.minimum(t + 1, T - 1)
         x = tl.load(X + o1 * S_X[0] + o2 * S_X[1] + t * S_X[2], mask=m, other=0).to(tl.float32)
         term = tl.load(TERM + o1 * S_TERM[0] + o2 * S_TERM[1] + t * S_TERM[2], mask=m, other=0)
         if term.dtype.is_fp16() or term.dtype.is_bf16():
@@ -314,7 +317,7 @@ def fused_kernel(OUT, Q, PI, ACT, BLP, NQ, NP, BQ, BP, X, TERM, TRUNC, g, lm, cb
         blp1 = tl.load(BLP + o1 * S_BLP[0] + o2 * S_BLP[1] + t1 * S_BLP[2], mask=mn,
                        other=0).to(tl.float32)
         ratio = tl.exp(tl.log(tl.where(mn, p1, 1.0)) - blp1)  # (1: no log of 0 past T-1)
-        c_next = tl.where(t1 < T, lm * tl.minimum(ratio, cb), 0.0)
+        c_next = tl.where(t + 1 < T, lm * tl.minimum(ratio, cb), 0.0)
         # E_t: next_* at t, else rows t + 1 (at T - 1 the bootstrap rows, or 0)
         if HAS_NEXT:
             e = _dot_actions(NQ, NP, o1 * S_NQ[0] + o2 * S_NQ[1] + t * S_NQ[2],
