@@ -59,6 +59,18 @@ def number(hi, lo, FP64: tl.constexpr):
         return hi
 
 
+# ------------------------------------------------------------ launches by name
+
+
+def launch(jit_fn, grid, kw: dict, consts: dict, num_warps: int):
+    """Launch ``jit_fn`` with its arguments by parameter name (``kw``: every argument
+    that is not a constexpr; ``consts``: the constexprs). Returns (the compiled kernel,
+    ``kw``'s values in the kernel's parameter order: what a record of the launch
+    replays). A parameter missing from ``kw`` raises KeyError."""
+    compiled = jit_fn[grid](**kw, **consts, num_warps=num_warps)
+    return compiled, [kw[n] for n in jit_fn.arg_names[:len(kw)]]
+
+
 # ------------------------------------------------------------ recorded launches
 
 

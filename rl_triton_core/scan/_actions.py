@@ -180,33 +180,61 @@ def pieces(layout: Layout, raw: tuple, record=None):
     grid = (triton.cdiv(slow, BLOCK // inner), triton.cdiv(fast, inner))
     if grid[1] > 65535:  # CUDA's limit on grid axis 1 (beyond 8M steps on the fast axis)
         return None
-    args = [q, p, act, blp, nq, np_, bq, bp, lr, qt, e, layout.N2, T, A, N, s_q, s_p, s_act,
-            s_blp, s_nq, s_np, s_bq, s_bp, tuple(s_out)]
+    kw = dict(q_ptr=q, p_ptr=p, act_ptr=act, blp_ptr=blp, nq_ptr=nq, np_ptr=np_, bq_ptr=bq,
+              bp_ptr=bp, lr_ptr=lr, qt_ptr=qt, e_ptr=e, N2=layout.N2, T=T, A=A, NROWS=N,
+              S_Q=s_q, S_P=s_p, S_ACT=s_act, S_BLP=s_blp, S_NQ=s_nq, S_NP=s_np, S_BQ=s_bq,
+              S_BP=s_bp, S_OUT=tuple(s_out))
     consts = dict(HAS_NEXT=has_next, HAS_BOOT=has_boot, TIME_FAST=time_fast, BLOCK=BLOCK,
                   INNER=inner, BLOCK_A=8)
-    kernel = actions_kernel[grid](*args, **consts, num_warps=NUM_WARPS)
+    kernel, args = _tl.launch(actions_kernel, grid, kw, consts, NUM_WARPS)
     if record is not None:
         _record_pieces(record, raw, args, kernel, grid, consts, like_ok, layout.shape)
     return lr, qt, e
 
 
 _PIECES = tuple(actions_kernel.arg_names.index(n) for n in ("lr_ptr", "qt_ptr", "e_ptr"))
+# the per-action kernels' tensor parameters -> the argument of the call (RAW) they take
+_TENSOR_OF = {"q_ptr": "q_values", "p_ptr": "target_probs", "act_ptr": "actions",
+              "blp_ptr": "behaviour_log_probs", "nq_ptr": "next_q_values",
+              "np_ptr": "next_target_probs", "bq_ptr": "bootstrap_q_values",
+              "bp_ptr": "bootstrap_target_probs",
+              # the fused kernel's
+              "Q": "q_values", "PI": "target_probs", "ACT": "actions",
+              "BLP": "behaviour_log_probs", "NQ": "next_q_values", "NP": "next_target_probs",
+              "BQ": "bootstrap_q_values", "BP": "bootstrap_target_probs", "X": "rewards",
+              "TERM": "terminated", "TRUNC": "truncated"}
+
+
+def _users(jit_fn, args, raw, names, same_strides=False):
+    """``[(kernel position, position in raw)]`` of the tensors a launch of ``jit_fn``
+    received (``args``, in its parameter order) from the call's arguments (``raw``,
+    named by ``names``); None where one is not the caller's own tensor as given (a copy,
+    a broadcast bootstrap row made contiguous, a reshape where ``same_strides``)."""
+    tensors = []
+    for pos, param in enumerate(jit_fn.arg_names[:len(args)]):
+        if param not in _TENSOR_OF:
+            continue
+        idx = names.index(_TENSOR_OF[param])
+        given, user = args[pos], raw[idx]
+        if (given is None) != (user is None):
+            if given is None and param in ("bq_ptr", "bp_ptr", "BQ", "BP"):
+                continue  # bootstrap rows unused beside next_*
+            return None
+        if given is not None:
+            if (type(user) is not torch.Tensor or given.data_ptr() != user.data_ptr()
+                    or given.shape != user.shape
+                    or (same_strides and given.stride() != user.stride())):
+                return None
+            tensors.append((pos, idx))
+    return tensors
 
 
 def _record_pieces(key, raw, args, kernel, grid, consts, like_ok, shape):
     """Keep a launch whose tensors are all the caller's (none copied) under ``key``: a
     :class:`_record.Recorded` that allocates the three pieces and replays the launch."""
-    tensors = []
-    for i in range(8):  # the kernel's first eight arguments are raw's first eight
-        given, user = args[i], raw[i]
-        if (given is None) != (user is None):
-            if given is None and i in (6, 7):  # bootstrap rows unused beside next_*
-                continue
-            return
-        if given is not None:
-            if given.data_ptr() != user.data_ptr() or given.shape != user.shape:
-                return  # a copy (or a broadcast bootstrap row made contiguous)
-            tensors.append((i, i))
+    tensors = _users(actions_kernel, args, raw, RAW)
+    if tensors is None:
+        return
     piece = _record.Alloc(RAW.index("like") if like_ok else None, shape, torch.float32,
                           raw[0].device)
     _dispatch._store(key, _record.Recorded(
@@ -342,7 +370,6 @@ def fused_kernel(OUT, Q, PI, ACT, BLP, NQ, NP, BQ, BP, X, TERM, TRUNC, g, lm, cb
 
 # the arguments of a fused call (``fused`` and its record take them in this order)
 RAW_FUSED = RAW[:8] + ("rewards", "terminated", "truncated", "gamma", "lmbda", "c_bar")
-_FUSED_TENSORS = 11  # the kernel's arguments 1..11 are RAW_FUSED's first eleven
 # the numbers: (the kernel's argument, found by the coefficient slot's name; its place in
 # RAW_FUSED; its largest value)
 _FUSED_NUMBERS = tuple(
@@ -424,14 +451,15 @@ def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
     A = q_values.shape[-1]
     (q, p, act, blp, nq, np_, bq, bp), (s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp), \
         has_next, has_boot = _views(layout, raw)
-    args = [out, q, p, act, blp, nq, np_, bq, bp, x, term, trunc,
-            coefs["g"][0], coefs["lm"][0], coefs["cb"][0],
-            tuple(s_out), s_q, s_p, s_act, s_blp, s_nq, s_np, s_bq, s_bp, tuple(s_x),
-            tuple(s_term), tuple(s_trunc), N, layout.N2, T, A, 1]
+    kw = dict(OUT=out, Q=q, PI=p, ACT=act, BLP=blp, NQ=nq, NP=np_, BQ=bq, BP=bp, X=x,
+              TERM=term, TRUNC=trunc, g=coefs["g"][0], lm=coefs["lm"][0], cb=coefs["cb"][0],
+              S_OUT=tuple(s_out), S_Q=s_q, S_P=s_p, S_ACT=s_act, S_BLP=s_blp, S_NQ=s_nq,
+              S_NP=s_np, S_BQ=s_bq, S_BP=s_bp, S_X=tuple(s_x), S_TERM=tuple(s_term),
+              S_TRUNC=tuple(s_trunc), N=N, N2=layout.N2, T=T, A=A, UNIT=1)
     consts = dict(HAS_NEXT=has_next, HAS_BOOT=has_boot, SCALAR_N=scalar_n, BLOCK_N=block_n,
                   BLOCK_T=block_t, ONE=block_t >= T)
     grid = (triton.cdiv(N, block_n), 1)
-    kernel = fused_kernel[grid](*args, **consts, num_warps=num_warps)
+    kernel, args = _tl.launch(fused_kernel, grid, kw, consts, num_warps)
     if record is not None:
         _record_fused(record, raw, args, kernel, grid, consts, like_ok, layout.shape)
     return out
@@ -445,18 +473,9 @@ def _record_fused(key, raw, args, kernel, grid, consts, like_ok, shape):
     reshaped) under ``key``: a :class:`_record.Recorded` that checks the three
     coefficients' ranges, allocates the targets and replays the launch; and, for CUDA
     calls, the same record for the C replay under its key."""
-    tensors = []
-    for i in range(_FUSED_TENSORS):
-        given, user = args[i + 1], raw[i]
-        if (given is None) != (user is None):
-            if given is None and i in (6, 7):  # bootstrap rows unused beside next_*
-                continue
-            return
-        if given is not None:
-            if (type(user) is not torch.Tensor or given.data_ptr() != user.data_ptr()
-                    or given.shape != user.shape or given.stride() != user.stride()):
-                return  # a copy, a broadcast bootstrap row made contiguous, a reshape
-            tensors.append((i + 1, i))
+    tensors = _users(fused_kernel, args, raw, RAW_FUSED, same_strides=True)
+    if tensors is None:
+        return
     for _, idx, _ in _FUSED_NUMBERS:
         if type(raw[idx]) not in (float, int):
             return

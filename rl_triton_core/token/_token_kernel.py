@@ -465,12 +465,14 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         scratch.append((adv, False))
     launched = []
     if mode != MODE_STATS or whiten:
-        args = [src, vv, m, cu, adv, out1 if out1 is not None else out0, ws,
-                src.stride(0), src.stride(1), vv.stride(0), vv.stride(1), m.stride(0),
-                m.stride(1), n_tok, n_rows, *split(g), *split(gl)]
+        (g_hi, g_lo), (gl_hi, gl_lo) = split(g), split(gl)
+        kw = dict(R=src, V=vv, M=m, CU=cu, ADV=adv, RET=out1 if out1 is not None else out0,
+                  WS=ws, srn=src.stride(0), srt=src.stride(1), svn=vv.stride(0),
+                  svt=vv.stride(1), smn=m.stride(0), smt=m.stride(1), T=n_tok, N=n_rows,
+                  g_hi=g_hi, g_lo=g_lo, gl_hi=gl_hi, gl_lo=gl_lo)
         consts = dict(MODE=mode, PACKED=packed, WHITEN=whiten, FP64=fp64, BT=bt, K=k)
         grid = (n_rows, 1)
-        compiled = token_scan_kernel[grid](*args, **consts, num_warps=warps)
+        compiled, args = _tl.launch(token_scan_kernel, grid, kw, consts, warps)
         launched.append((token_scan_kernel, compiled, grid, consts, args))
     if how is None:
         return launched, scratch
@@ -481,14 +483,16 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     flat = x.is_contiguous() and (fill is None or m.is_contiguous())
     t_blocks = triton.cdiv(n_tok, block)
     n_blocks = triton.cdiv(numel, block) if flat else out0.shape[0] * t_blocks
-    ce = split(how[0] if whiten else 0.0)
-    ep = split(how[1] if whiten else 0.0)
-    args = [x, m, out0, ws, n_rows, x.stride(0), x.stride(1), m.stride(0), m.stride(1), n_tok,
-            numel, n_blocks, t_blocks, 0.0 if fill is None else fill, *ce, *ep]
+    ce_hi, ce_lo = split(how[0] if whiten else 0.0)
+    eps_hi, eps_lo = split(how[1] if whiten else 0.0)
+    kw = dict(X=x, M=m, Y=out0, WS=ws, N=n_rows, sxn=x.stride(0), sxt=x.stride(1),
+              smn=m.stride(0), smt=m.stride(1), T=n_tok, numel=numel, n_blocks=n_blocks,
+              t_blocks=t_blocks, fill=0.0 if fill is None else fill, ce_hi=ce_hi, ce_lo=ce_lo,
+              eps_hi=eps_hi, eps_lo=eps_lo)
     consts = dict(NORM=whiten, SHIFT=bool(how[3]), FILL=fill is not None, FLAT=flat,
                   UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BLOCK=block,
                   RB=max(128, min(2048, triton.next_power_of_2(n_rows))))
     grid = (max(1, min(n_blocks, per_sm * sm_count(device))), 1)
-    compiled = whiten_kernel[grid](*args, **consts, num_warps=w_warps)
+    compiled, args = _tl.launch(whiten_kernel, grid, kw, consts, w_warps)
     launched.append((whiten_kernel, compiled, grid, consts, args))
     return launched, scratch
