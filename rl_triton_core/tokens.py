@@ -273,8 +273,13 @@ def _numbers(gamma, lmbda) -> tuple:
 
 def _replay(prefix, raw):
     """The result of a recorded call with these arguments, or None (the full path runs).
-    Looked up only where some call was recorded: a CPU call builds no key."""
-    if not _dispatch._PLANS or torch.compiler.is_compiling():
+    Looked up only for the calls :func:`_remember` records (CUDA tensors; CPU tensors
+    only under the tests' ``cpu_plans``), where some call was recorded: a CPU call builds
+    no key, though the scan's CPU calls keep records in the same table."""
+    x = raw[0]
+    if (not _dispatch._PLANS or type(x) is not torch.Tensor
+            or not (x.is_cuda or _config._current.cpu_plans)
+            or torch.compiler.is_compiling()):
         return None
     return _dispatch.cached(prefix, raw)[1]
 
