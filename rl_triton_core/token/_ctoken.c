@@ -64,6 +64,7 @@ enum { K_F4 = 1, K_F8, K_BF16, K_I1, K_I2, K_I4, K_I8 };
 #define NT_MIN_BYTES (4.0 * 1048576.0)
 #endif
 enum { W_NONE = 0, W_STATS = 1, W_FILL = 2 }; /* no whitening; whiten; fill only */
+static int use_f32_path = 1; /* float32 data may take the float32 loop (AVX-512) */
 
 typedef struct {
     char *p;
@@ -81,7 +82,7 @@ typedef struct {
     double *stats; /* [n][3] */
     int wmode, unbiased, shift, has_fill;
     double count_eps, eps, fill, mu, rstd;
-    int vec; /* the padded scan's vector path: 2 AVX-512, 1 AVX2, 0 none (scalar) */
+    int vec; /* the padded scan's vector path: 3 float32 on AVX-512, 2 AVX-512, 1 AVX2, 0 none */
     int nt;  /* ... and streams its float32 outputs to memory (large data, aligned rows) */
 } Ctx;
 
@@ -916,6 +917,243 @@ CT_AVX512_FN CT_INLINE void vec_group512(const Ctx *c, Py_ssize_t first, int nl,
 CT_AVX512_FN static void scan_avx512(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
     VEC_SCAN(vec_group512)
 }
+
+/* ------------------------------------------------------------------ float32 in 16 lanes */
+
+/* Float32 data and outputs (contiguous tokens, padded layout) on AVX-512: the recurrence
+ * in float32, 16 responses a register, where the float64 loop above is bound by its
+ * arithmetic (8 lanes a register, 0.64 ns a token a thread on the 2-core EPYC VM, about
+ * what the memory takes to move the bytes). The whitening's statistics: each lane's
+ * shifted sums in float32 over a block of 16 tokens, added into float64 sums once a block.
+ * Not numba's bits (those are the float64 loop's): within float32 rounding of them, and
+ * of the float64 reference (tests/core/test_token_ckernel.py). use_f32(False) turns it off. */
+#ifndef PF16_TOKENS
+#define PF16_TOKENS 128
+#endif
+#ifndef PF16_HINT
+#define PF16_HINT _MM_HINT_T1 /* into L2: into L1 (T0) measured 11.9 against 9.8 ms at [1024, 8192] */
+#endif
+
+/* r[0..15] -> r[0..15] transposed: lane l of r[k] becomes lane k of r[l] */
+CT_AVX512_FN CT_INLINE void tr16x16(__m512 *r) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    /* r[4j + q]: rows 4j..4j+3 of columns q, 4 + q, 8 + q, 12 + q (one per 128-bit lane) */
+    for (int q = 0; q < 4; q++) {
+        t[q] = _mm512_shuffle_f32x4(r[q], r[4 + q], 0x88);      /* lanes 0, 2 of each */
+        t[4 + q] = _mm512_shuffle_f32x4(r[q], r[4 + q], 0xdd);  /* lanes 1, 3 */
+        t[8 + q] = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0x88);
+        t[12 + q] = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0xdd);
+    }
+    for (int q = 0; q < 4; q++) {
+        r[q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0x88);
+        r[8 + q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0xdd);
+        r[4 + q] = _mm512_shuffle_f32x4(t[4 + q], t[12 + q], 0x88);
+        r[12 + q] = _mm512_shuffle_f32x4(t[4 + q], t[12 + q], 0xdd);
+    }
+}
+
+/* tile[16k + l] = token b + k of row l (k < kn; zeros past it) */
+CT_AVX512_FN CT_INLINE void load16x16(const char *const *base, Py_ssize_t b, int kn, float *tile) {
+    __m512 u[16];
+    const __mmask16 km = (__mmask16)(kn == 16 ? 0xffffu : (1u << kn) - 1u);
+    for (int l = 0; l < 16; l++)
+        u[l] = _mm512_maskz_loadu_ps(km, (const float *)(base[l] + b * 4));
+    tr16x16(u);
+    for (int k = 0; k < 16; k++)
+        _mm512_store_ps(tile + 16 * k, u[k]);
+}
+
+/* the inverse, rows l < nl; streamed where nt and the block is whole */
+CT_AVX512_FN CT_INLINE void store16x16(char *const *base, Py_ssize_t b, int kn, int nl,
+                                       const float *tile, int nt) {
+    __m512 u[16];
+    for (int k = 0; k < 16; k++)
+        u[k] = _mm512_load_ps(tile + 16 * k);
+    tr16x16(u);
+    const __mmask16 km = (__mmask16)(kn == 16 ? 0xffffu : (1u << kn) - 1u);
+    for (int l = 0; l < nl; l++) {
+        float *o = (float *)(base[l] + b * 4);
+        if (kn < 16)
+            _mm512_mask_storeu_ps(o, km, u[l]);
+        else if (nt)
+            _mm512_stream_ps(o, u[l]);
+        else
+            _mm512_storeu_ps(o, u[l]);
+    }
+}
+
+typedef struct {
+    __m512 carry, nv, kk, s1, s2, cnt; /* cnt, s1, s2: this block's, in float32 */
+    __mmask16 seen;
+    __m512d c64[2], s164[2], s264[2]; /* ... and all blocks', in float64 */
+} Lanes16;
+
+CT_AVX512_FN CT_INLINE void step16(Lanes16 *S, const float *R, const float *V, float *A,
+                                   float *Q, int k, __mmask16 ok, __m512 g, __m512 gl,
+                                   const int MODE, const int STATS_ON) {
+    __m512 rt = _mm512_load_ps(R + 16 * k), y;
+    if (MODE == GAE_SKIP) {
+        __m512 vt = _mm512_load_ps(V + 16 * k);
+        __m512 t = _mm512_sub_ps(_mm512_fmadd_ps(g, S->nv, rt), vt);
+        S->carry = _mm512_mask_mov_ps(S->carry, ok, _mm512_fmadd_ps(gl, S->carry, t));
+        S->nv = _mm512_mask_mov_ps(S->nv, ok, vt);
+        y = S->carry;
+        _mm512_store_ps(Q + 16 * k, _mm512_add_ps(y, vt));
+    } else if (MODE == GAE_MUL) {
+        __m512 vt = _mm512_maskz_mov_ps(ok, _mm512_load_ps(V + 16 * k));
+        rt = _mm512_maskz_mov_ps(ok, rt);
+        __m512 t = _mm512_sub_ps(_mm512_fmadd_ps(g, S->nv, rt), vt);
+        S->carry = _mm512_fmadd_ps(gl, S->carry, t);
+        S->nv = vt;
+        y = S->carry;
+        _mm512_store_ps(Q + 16 * k, _mm512_add_ps(y, vt));
+    } else if (MODE == RET_SKIP) {
+        S->carry = _mm512_mask_mov_ps(S->carry, ok, _mm512_fmadd_ps(g, S->carry, rt));
+        y = _mm512_maskz_mov_ps(ok, S->carry);
+    } else {
+        S->carry = _mm512_fmadd_ps(g, S->carry, _mm512_maskz_mov_ps(ok, rt));
+        y = S->carry;
+    }
+    _mm512_store_ps(A + 16 * k, y);
+    if (STATS_ON) {
+        S->kk = _mm512_mask_mov_ps(S->kk, (__mmask16)(ok & ~S->seen), y);
+        S->seen = (__mmask16)(S->seen | ok);
+        __m512 d = _mm512_maskz_sub_ps(ok, y, S->kk);
+        S->s1 = _mm512_add_ps(S->s1, d);
+        S->s2 = _mm512_fmadd_ps(d, d, S->s2);
+        S->cnt = _mm512_mask_add_ps(S->cnt, ok, S->cnt, _mm512_set1_ps(1.0f));
+    }
+}
+
+CT_AVX512_FN CT_INLINE void flush16(Lanes16 *S) {
+    __m512 *f[3] = {&S->cnt, &S->s1, &S->s2};
+    __m512d *d[3] = {S->c64, S->s164, S->s264};
+    for (int i = 0; i < 3; i++) {
+        d[i][0] = _mm512_add_pd(d[i][0], _mm512_cvtps_pd(_mm512_castps512_ps256(*f[i])));
+        d[i][1] = _mm512_add_pd(d[i][1], _mm512_cvtps_pd(_mm512_extractf32x8_ps(*f[i], 1)));
+        *f[i] = _mm512_setzero_ps();
+    }
+}
+
+/* One group of up to 16 padded responses (lanes past nl repeat lane 0, not stored) */
+CT_AVX512_FN CT_INLINE void vec_group16(const Ctx *c, Py_ssize_t first, int nl, const int MODE,
+                                        const int STATS_ON) {
+    const char *br[16], *bv[16], *bm[16];
+    char *b0[16], *b1[16];
+    for (int l = 0; l < 16; l++) {
+        Py_ssize_t row = first + (l < nl ? l : 0);
+        br[l] = c->r.p + row * c->r.rs;
+        bv[l] = c->has_v ? c->v.p + row * c->v.rs : br[l];
+        bm[l] = c->m.p + row * c->m.rs;
+        b0[l] = c->o0.p + row * c->o0.rs;
+        b1[l] = c->has_o1 ? c->o1.p + row * c->o1.rs : b0[l];
+    }
+    float R[256] __attribute__((aligned(64))), V[256] __attribute__((aligned(64)));
+    float A[256] __attribute__((aligned(64))), Q[256] __attribute__((aligned(64)));
+    const __m512 g = _mm512_set1_ps((float)c->g), gl = _mm512_set1_ps((float)c->gl);
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512d zd = _mm512_setzero_pd();
+    Lanes16 S = {zero, zero, zero, zero, zero, zero, 0, {zd, zd}, {zd, zd}, {zd, zd}};
+    const int two = MODE == GAE_SKIP || MODE == GAE_MUL;
+    const Py_ssize_t P = c->P;
+    const int NT = c->nt;
+    Py_ssize_t b = P - P % 16;
+    int kn = (int)(P % 16);
+    if (kn == 0) {
+        b -= 16;
+        kn = 16;
+    }
+    for (; b >= 0; b -= 16, kn = 16) {
+        if (b >= PF16_TOKENS) { /* every line of the 16 tokens, PF16_TOKENS ahead */
+            Py_ssize_t q = b - PF16_TOKENS;
+            for (int l = 0; l < 16; l++) {
+                _mm_prefetch(br[l] + q * 4, PF16_HINT);
+                if (two)
+                    _mm_prefetch(bv[l] + q * 4, PF16_HINT);
+                for (Py_ssize_t o = 0; o < 16 * c->m.ts; o += 64)
+                    _mm_prefetch(bm[l] + q * c->m.ts + o, PF16_HINT);
+            }
+        }
+        load16x16(br, b, kn, R);
+        if (two)
+            load16x16(bv, b, kn, V);
+        /* byte k of lo[h] (hi[h]): rows 8h..8h+7's validity at token b + k (b + 8 + k) */
+        uint64_t lo[2] = {0, 0}, hi[2] = {0, 0};
+        for (int l = 0; l < 16; l++) {
+            unsigned bits = mask16(&c->m, bm[l], b, kn);
+            lo[l >> 3] |= (uint64_t)(bits & 0xffu) << (8 * (l & 7));
+            hi[l >> 3] |= (uint64_t)(bits >> 8) << (8 * (l & 7));
+        }
+        for (int h = 0; h < 2; h++) {
+            lo[h] = tr8bits(lo[h]);
+            hi[h] = tr8bits(hi[h]);
+        }
+#define OK16(k) ((__mmask16)((k) >= 8                                                        \
+                                 ? ((hi[0] >> (8 * ((k) - 8))) & 0xff) |                      \
+                                       (((hi[1] >> (8 * ((k) - 8))) & 0xff) << 8)             \
+                                 : ((lo[0] >> (8 * (k))) & 0xff) | (((lo[1] >> (8 * (k))) & 0xff) << 8)))
+        if (kn == 16) {
+#pragma GCC unroll 16
+            for (int k = 15; k >= 0; k--)
+                step16(&S, R, V, A, Q, k, OK16(k), g, gl, MODE, STATS_ON);
+        } else {
+            for (int k = kn - 1; k >= 0; k--)
+                step16(&S, R, V, A, Q, k, OK16(k), g, gl, MODE, STATS_ON);
+        }
+#undef OK16
+        if (STATS_ON)
+            flush16(&S);
+        store16x16(b0, b, kn, nl, A, NT);
+        if (two)
+            store16x16(b1, b, kn, nl, Q, NT);
+    }
+    if (STATS_ON) {
+        double vc[16] __attribute__((aligned(64))), v1[16] __attribute__((aligned(64)));
+        double v2[16] __attribute__((aligned(64)));
+        float vk[16] __attribute__((aligned(64)));
+        for (int h = 0; h < 2; h++) {
+            _mm512_store_pd(vc + 8 * h, S.c64[h]);
+            _mm512_store_pd(v1 + 8 * h, S.s164[h]);
+            _mm512_store_pd(v2 + 8 * h, S.s264[h]);
+        }
+        _mm512_store_ps(vk, S.kk);
+        for (int l = 0; l < nl; l++)
+            put_stats(c->stats + 3 * (first + l), vc[l], (double)vk[l], v1[l], v2[l]);
+    }
+}
+
+#define F32_CASE(MODE, ST)                                                               \
+    for (Py_ssize_t g0 = hi; g0 > lo; g0 -= 16) {                                        \
+        Py_ssize_t first = g0 - 16 < lo ? lo : g0 - 16;                                  \
+        vec_group16(c, first, (int)(g0 - first), MODE, ST);                              \
+    }                                                                                    \
+    break;
+
+CT_AVX512_FN static void scan_f32(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
+    switch (c->mode * 2 + (c->want_stats != 0)) {
+    case 0: F32_CASE(GAE_SKIP, 0)
+    case 1: F32_CASE(GAE_SKIP, 1)
+    case 2: F32_CASE(GAE_MUL, 0)
+    case 3: F32_CASE(GAE_MUL, 1)
+    case 4: F32_CASE(RET_SKIP, 0)
+    case 5: F32_CASE(RET_SKIP, 1)
+    case 6: F32_CASE(RET_MUL, 0)
+    default: F32_CASE(RET_MUL, 1)
+    }
+    if (c->nt)
+        _mm_sfence();
+}
+#undef F32_CASE
 #endif /* CT_AVX2 */
 
 /* ------------------------------------------------------------------ threads */
@@ -951,6 +1189,10 @@ static int simd_level(void) {
 static void run_phase(const Ctx *c, int phase, Py_ssize_t lo, Py_ssize_t hi) {
     if (phase == PH_SCAN) {
 #if CT_AVX2
+        if (c->vec == 3) {
+            scan_f32(c, lo, hi);
+            return;
+        }
         if (c->vec == 2) {
             scan_avx512(c, lo, hi);
             return;
@@ -1022,7 +1264,7 @@ static void parallel(const Ctx *c, int phase, int threads) {
         if (chunk < 1)
             chunk = 1;
         if (c->vec)
-            chunk = (chunk + 7) / 8 * 8;
+            chunk = (chunk + 15) / 16 * 16; /* whole groups (8 rows, or 16 in float32) */
         Work w = {c, phase, chunk, 0};
         pool_run(worker, &w, threads);
         return;
@@ -1273,6 +1515,11 @@ static PyObject *run(PyObject *self, PyObject *args) {
     }
     c.stats = stats;
     c.vec = mode != STATS && c.rows == NULL ? simd_level() : 0;
+    /* float32 data and outputs, contiguous tokens: the float32 loop (16 lanes) */
+    if (c.vec == 2 && use_f32_path && c.r.kind == K_F4 && c.r.ts == 4 &&
+        (!c.has_v || (c.v.kind == K_F4 && c.v.ts == 4)) && c.o0.kind == K_F4 && c.o0.ts == 4 &&
+        (!c.has_o1 || (c.o1.kind == K_F4 && c.o1.ts == 4)))
+        c.vec = 3;
     /* streamed stores where the outputs are large (NT_MIN_BYTES): every row of both
        outputs float32, contiguous, on 64-byte lines */
     c.nt = c.vec && c.out_f32 && (double)R * (double)P * 8.0 >= NT_MIN_BYTES &&
@@ -1495,8 +1742,21 @@ static PyObject *use_simd(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(was);
 }
 
+/* use_f32(flag): whether float32 data may take the float32 loop (AVX-512); returns the
+   previous setting. For tests: the float64 loops give numba's bits. */
+static PyObject *use_f32(PyObject *self, PyObject *arg) {
+    (void)self;
+    int want = PyObject_IsTrue(arg);
+    if (want < 0)
+        return NULL;
+    int was = use_f32_path;
+    use_f32_path = want;
+    return PyBool_FromLong(was);
+}
+
 static PyMethodDef methods[] = {
     {"run", run, METH_VARARGS, run_doc},
+    {"use_f32", use_f32, METH_O, "Allow the float32 loop (True) or not; returns the previous setting."},
     {"simd", simd, METH_NOARGS, "The scan's instruction set here: 'avx512', 'avx2' or 'scalar'."},
     {"use_simd", use_simd, METH_O,
      "use_simd(level): the widest vector path allowed (2 AVX-512, 1 AVX2, 0 scalar); returns "

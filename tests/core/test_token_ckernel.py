@@ -34,20 +34,36 @@ def _same(a, b):
 LEVELS = {"avx512": (2, 1, 0), "avx2": (1, 0), "scalar": (0,)}[ck.simd()]
 
 
+def _close(a, b, rtol=2e-5):
+    """Within float32 rounding: NaN where NaN, |a - b| <= rtol * max(1, max |b|)."""
+    if isinstance(a, tuple):
+        return all(_close(x, y, rtol) for x, y in zip(a, b))
+    na, nb = a.isnan(), b.isnan()
+    scale = max(1.0, float(b.masked_fill(nb, 0).abs().max())) if b.numel() else 1.0
+    return torch.equal(na, nb) and float((a.masked_fill(na, 0) - b.masked_fill(nb, 0))
+                                         .abs().max().nan_to_num(0.0) if a.numel() else 0.0
+                                         ) <= rtol * scale
+
+
 def _both(monkeypatch, fn, *args, **kw):
-    """numba's result and the C kernel's; the C kernel's vector paths (AVX-512, AVX2,
-    scalar: those this CPU has) checked to give the same bits as each other."""
+    """numba's result and the C kernel's float64 loops' (the float32 loop off); the C
+    kernel's vector paths (AVX-512, AVX2, scalar: those this CPU has) checked to give the
+    same bits as each other, and the float32 loop (float32 data on AVX-512) within
+    float32 rounding of them."""
     monkeypatch.setenv(ENV, "numba")
     want = fn(*args, **kw)
     monkeypatch.setenv(ENV, "c")
-    got = fn(*args, **kw)
+    f32 = ck.use_f32(False)
     was = ck.use_simd(2)
     try:
+        got = fn(*args, **kw)
         for level in LEVELS[1:]:
             ck.use_simd(level)
             assert _same(fn(*args, **kw), got), f"SIMD level {level} differs from {LEVELS[0]}"
     finally:
         ck.use_simd(was)
+        ck.use_f32(f32)
+    assert _close(fn(*args, **kw), got), "the float32 loop is not within float32 rounding"
     return want, got
 
 
@@ -270,6 +286,14 @@ def test_scalar_loop_matches_vector_loop(dtype):
     m = _mask(B, T, g, "obs")
     layout = (np.arange(B, dtype=np.int64), np.zeros(B, dtype=np.int64),
               np.full(B, T, dtype=np.int64))
+    was = ck.use_f32(False)  # the float64 loops (the float32 loop: see below)
+    try:
+        _scalar_vs_vector(r, v, m, layout, B, T, dtype)
+    finally:
+        ck.use_f32(was)
+
+
+def _scalar_vs_vector(r, v, m, layout, B, T, dtype):
     for mode in (0, 1, 2, 3):
         outs = []
         for lay in (None, layout):
@@ -297,3 +321,35 @@ def test_streamed_stores_bitwise(monkeypatch):
     want, got = _both(monkeypatch, rc.masked_returns, r, m, gamma=0.99, time_dim=-1)
     assert _same(want, got)
 
+
+
+@pytest.mark.skipif(ck.simd() != "avx512", reason="the float32 loop runs on AVX-512 only")
+@pytest.mark.parametrize("skip", [True, False])
+def test_float32_loop_against_reference(skip):
+    """The float32 loop (16 responses a register) at verl's defaults (gamma = lambda = 1,
+    the longest sums) against the float64 reference, whitened and not; a partial group
+    (21 rows) and a partial last block (8190 tokens); and it does run (its bits differ
+    from the float64 loop's somewhere)."""
+    from rl_triton_core import reference
+
+    g = torch.Generator().manual_seed(13)
+    B, T = 21, 8190
+    r, v = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
+    m = _mask(B, T, g, "obs").long()
+    for gamma, lmbda in ((1.0, 1.0), (0.99, 0.95)):
+        adv64, ret64 = reference.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip,
+                                            time_dim=-1)
+        was = ck.use_f32(True)
+        try:
+            adv, ret = rc.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip, time_dim=-1)
+            wht, _ = rc.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip, whiten=True,
+                                   count_eps=1e-8, time_dim=-1)
+            ck.use_f32(False)
+            adv_f64, _ = rc.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip,
+                                       time_dim=-1)
+        finally:
+            ck.use_f32(was)
+        assert not torch.equal(adv, adv_f64), "the float32 loop did not run"
+        assert _close(adv.double(), adv64, 1e-5) and _close(ret.double(), ret64, 1e-5)
+        want = reference.masked_whiten(adv64, m, count_eps=1e-8)
+        assert _close(wht.double(), want, 1e-5)
