@@ -12,7 +12,9 @@ host: an empty mask under whitening gives NaN where verl raises.
 CUDA tensors run the Triton kernels of ``rl_triton_core.token._token_kernel``; CPU
 tensors the C kernel ``rl_triton_core.token._ctoken`` where it was built, else (or with
 ``RL_TRITON_CORE_CPU_KERNEL=numba``) the numba loops of ``rl_triton_core.token._token_cpu``,
-bit for bit the same results (``RL_TRITON_CORE_BACKEND`` chooses as for every estimator).
+bit for bit the same results, except for float32 data on CPUs with AVX-512, which the C
+kernel computes in float32 (within float32 rounding of them)
+(``RL_TRITON_CORE_BACKEND`` chooses as for every estimator).
 """
 
 from __future__ import annotations

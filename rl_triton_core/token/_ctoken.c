@@ -1,7 +1,9 @@
 /* The token-level estimators' CPU kernel in C: masked GAE, masked returns (REINFORCE++)
- * and the masked whitening, as rl_triton_core/_token_cpu.py computes them with numba --
- * the same float64 operations in the same order (built with -ffp-contract=off: no fused
- * multiply-add), so the results are bit for bit the numba path's.
+ * and the masked whitening, as rl_triton_core/token/_token_cpu.py computes them with
+ * numba -- the same float64 operations in the same order (built with -ffp-contract=off:
+ * no fused multiply-add), so the results are bit for bit the numba path's; except for
+ * float32 data with contiguous tokens on AVX-512, which a loop of its own computes in
+ * float32, 16 responses a register (vec_group16: within float32 rounding of the others).
  *
  * Plain C99 against Python.h: arrays come through the buffer protocol (numpy views of
  * torch tensors, [R, P], any strides; bfloat16 as the int16 view of its bits). The GIL
@@ -24,7 +26,8 @@
  * register (masks in mask registers), and the outputs are transposed back and stored a
  * line per row. With AVX2 the same in blocks of 8 tokens, two 4-lane chains. Packed data
  * (cu_seqlens) and other machines run the scalar loop, one response at a time. All three
- * give the same bits (use_simd() lets the tests reach each).
+ * give the same bits (use_simd() lets the tests reach each; use_f32(False) keeps float32
+ * data on them).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
