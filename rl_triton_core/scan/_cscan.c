@@ -983,16 +983,19 @@ AVX512_INLINE __m512 vec512(const k512_t *k, const chain512_t *ch, ssz t, __m512
     /* lane i takes lane i + s, past 15 zero; a lane whose window holds a done step keeps a */
     const unsigned w1 = done | (done >> 1), w2 = w1 | (w1 >> 2), w3 = w2 | (w2 >> 4);
     const unsigned w4 = w3 | (w3 >> 8);
-#define ROUND512(J, WIN, ...)                                                          \
+    /* lane i + s into lane i, zeros past 15: valignd of (zero : a), one shuffle */
+#define ROUND512(J, WIN, S)                                                            \
     a = _mm512_mask3_fmadd_ps(                                                        \
-        k->B[J], _mm512_permutex2var_ps(a, _mm512_setr_epi32(__VA_ARGS__), zero), a,  \
-        (__mmask16) ~((WIN) | k->uz[J]))
-    ROUND512(0, done, SHIFT1);
-    ROUND512(1, w1, SHIFT2);
-    ROUND512(2, w2, SHIFT4);
-    ROUND512(3, w3, SHIFT8);
+        k->B[J],                                                                      \
+        _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(zero),            \
+                                                _mm512_castps_si512(a), S)),          \
+        a, (__mmask16) ~((WIN) | k->uz[J]))
+    ROUND512(0, done, 1);
+    ROUND512(1, w1, 2);
+    ROUND512(2, w2, 4);
+    ROUND512(3, w3, 8);
 #undef ROUND512
-    const __m512 cv = _mm512_permutexvar_ps(_mm512_setzero_si512(), above);
+    const __m512 cv = _mm512_broadcastss_ps(_mm512_castps512_ps128(above)); /* lane 0 */
     const __m512 h = _mm512_mask3_fmadd_ps(k->B[4], cv, a, (__mmask16) ~(w4 | k->uz[4]));
     *cut = (w4 | k->uz[4]) & 1; /* lane 0 (the next vector's carry) did not take this one's */
     _mm512_storeu_ps(ch->o0 + t, h);
