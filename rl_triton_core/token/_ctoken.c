@@ -506,12 +506,11 @@ CT_AVX2_FN CT_INLINE void store_tile(const Arr *a, char *const *base, Py_ssize_t
 #define ALIGN32 __attribute__((aligned(32)))
 #define PF_TOKENS 128 /* how far ahead (in tokens) the scan prefetches its inputs */
 
-/* One group of up to 8 padded responses (lanes past nl repeat lane 0 and are not stored) */
-CT_AVX2_FN CT_INLINE void vec_group(const Ctx *c, Py_ssize_t first, int nl, const int MODE,
-                                    const int STATS_ON, const int OUT_F32) {
-    const char *br[8], *bv[8], *bm[8];
-    char *b0[8], *b1[8];
-    for (int l = 0; l < 8; l++) {
+/* the rows of a group of n lanes from row `first`: where each array's row starts (lanes
+   past nl repeat the group's first row; absent v and o1 point at r and o0) */
+CT_INLINE void group_rows(const Ctx *c, Py_ssize_t first, int nl, int n, const char **br,
+                          const char **bv, const char **bm, char **b0, char **b1) {
+    for (int l = 0; l < n; l++) {
         Py_ssize_t row = first + (l < nl ? l : 0);
         br[l] = c->r.p + row * c->r.rs;
         bv[l] = c->has_v ? c->v.p + row * c->v.rs : br[l];
@@ -519,6 +518,25 @@ CT_AVX2_FN CT_INLINE void vec_group(const Ctx *c, Py_ssize_t first, int nl, cons
         b0[l] = c->o0.p + row * c->o0.rs;
         b1[l] = c->has_o1 ? c->o1.p + row * c->o1.rs : b0[l];
     }
+}
+
+/* the first block of the walk down P tokens in blocks of w: its first token and length
+   (the partial block at the end of the row, else a whole one) */
+CT_INLINE void top_block(Py_ssize_t P, int w, Py_ssize_t *b, int *kn) {
+    *b = P - P % w;
+    *kn = (int)(P % w);
+    if (*kn == 0) {
+        *b -= w;
+        *kn = w;
+    }
+}
+
+/* One group of up to 8 padded responses (lanes past nl repeat lane 0 and are not stored) */
+CT_AVX2_FN CT_INLINE void vec_group(const Ctx *c, Py_ssize_t first, int nl, const int MODE,
+                                    const int STATS_ON, const int OUT_F32) {
+    const char *br[8], *bv[8], *bm[8];
+    char *b0[8], *b1[8];
+    group_rows(c, first, nl, 8, br, bv, bm, b0, b1);
     double R[64] ALIGN32, V[64] ALIGN32, A[64] ALIGN32, Q[64] ALIGN32;
     const __m256d g = _mm256_set1_pd(c->g), gl = _mm256_set1_pd(c->gl);
     const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0);
@@ -529,12 +547,9 @@ CT_AVX2_FN CT_INLINE void vec_group(const Ctx *c, Py_ssize_t first, int nl, cons
     const int NT = c->nt;
     __m256 pend0[8], pend1[8];
     int have0 = 0, have1 = 0;
-    Py_ssize_t b = P - P % 8;
-    int kn = (int)(P % 8);
-    if (kn == 0) {
-        b -= 8;
-        kn = 8;
-    }
+    Py_ssize_t b;
+    int kn;
+    top_block(P, 8, &b, &kn);
     for (; b >= 0; b -= 8, kn = 8) {
         if (b >= PF_TOKENS) {
             /* 40 streams (8 rows x 5 arrays) run backwards: more than the hardware
@@ -840,14 +855,7 @@ CT_AVX512_FN CT_INLINE void vec_group512(const Ctx *c, Py_ssize_t first, int nl,
                                          const int STATS_ON, const int OUT_F32) {
     const char *br[8], *bv[8], *bm[8];
     char *b0[8], *b1[8];
-    for (int l = 0; l < 8; l++) {
-        Py_ssize_t row = first + (l < nl ? l : 0);
-        br[l] = c->r.p + row * c->r.rs;
-        bv[l] = c->has_v ? c->v.p + row * c->v.rs : br[l];
-        bm[l] = c->m.p + row * c->m.rs;
-        b0[l] = c->o0.p + row * c->o0.rs;
-        b1[l] = c->has_o1 ? c->o1.p + row * c->o1.rs : b0[l];
-    }
+    group_rows(c, first, nl, 8, br, bv, bm, b0, b1);
     double R[128] __attribute__((aligned(64))), V[128] __attribute__((aligned(64)));
     double A[128] __attribute__((aligned(64))), Q[128] __attribute__((aligned(64)));
     const __m512d g = _mm512_set1_pd(c->g), gl = _mm512_set1_pd(c->gl);
@@ -856,12 +864,9 @@ CT_AVX512_FN CT_INLINE void vec_group512(const Ctx *c, Py_ssize_t first, int nl,
     const int two = MODE == GAE_SKIP || MODE == GAE_MUL;
     const Py_ssize_t P = c->P;
     const int NT = c->nt;
-    Py_ssize_t b = P - P % 16;
-    int kn = (int)(P % 16);
-    if (kn == 0) {
-        b -= 16;
-        kn = 16;
-    }
+    Py_ssize_t b;
+    int kn;
+    top_block(P, 16, &b, &kn);
     for (; b >= 0; b -= 16, kn = 16) {
         if (b >= PF_TOKENS) { /* as in vec_group: every line of the 16 tokens */
             Py_ssize_t q = b - PF_TOKENS;
@@ -1053,14 +1058,7 @@ CT_AVX512_FN CT_INLINE void vec_group16(const Ctx *c, Py_ssize_t first, int nl, 
                                         const int STATS_ON) {
     const char *br[16], *bv[16], *bm[16];
     char *b0[16], *b1[16];
-    for (int l = 0; l < 16; l++) {
-        Py_ssize_t row = first + (l < nl ? l : 0);
-        br[l] = c->r.p + row * c->r.rs;
-        bv[l] = c->has_v ? c->v.p + row * c->v.rs : br[l];
-        bm[l] = c->m.p + row * c->m.rs;
-        b0[l] = c->o0.p + row * c->o0.rs;
-        b1[l] = c->has_o1 ? c->o1.p + row * c->o1.rs : b0[l];
-    }
+    group_rows(c, first, nl, 16, br, bv, bm, b0, b1);
     float R[256] __attribute__((aligned(64))), V[256] __attribute__((aligned(64)));
     float A[256] __attribute__((aligned(64))), Q[256] __attribute__((aligned(64)));
     const __m512 g = _mm512_set1_ps((float)c->g), gl = _mm512_set1_ps((float)c->gl);
@@ -1070,12 +1068,9 @@ CT_AVX512_FN CT_INLINE void vec_group16(const Ctx *c, Py_ssize_t first, int nl, 
     const int two = MODE == GAE_SKIP || MODE == GAE_MUL;
     const Py_ssize_t P = c->P;
     const int NT = c->nt;
-    Py_ssize_t b = P - P % 16;
-    int kn = (int)(P % 16);
-    if (kn == 0) {
-        b -= 16;
-        kn = 16;
-    }
+    Py_ssize_t b;
+    int kn;
+    top_block(P, 16, &b, &kn);
     for (; b >= 0; b -= 16, kn = 16) {
         if (b >= PF16_TOKENS) { /* every line of the 16 tokens, PF16_TOKENS ahead */
             Py_ssize_t q = b - PF16_TOKENS;
