@@ -14,7 +14,7 @@ import os
 import torch
 
 from rl_triton_core._version import __version__
-from rl_triton_core.scan import _claunch, _cpu_c, _dispatch
+from rl_triton_core.scan import _claunch, _cpu_c, _dispatch, _torchalloc
 
 __all__ = ["backend_for", "describe"]
 
@@ -83,7 +83,14 @@ def _gpu_launch() -> str:
     if os.environ.get("RL_TRITON_CORE_C_LAUNCH", _claunch.DEFAULT) != "1":
         return "GPU launch: Triton's launcher (RL_TRITON_CORE_C_LAUNCH=0)"
     if _claunch.available():
-        return "GPU launch: a repeated call from C (cuLaunchKernel on torch's current stream)"
+        st = _torchalloc.state
+        alloc = (("torch's C++ API" + (f", built in {_torchalloc.build_seconds:.1f} s"
+                                       if _torchalloc.build_seconds is not None else ""))
+                 if st == "loaded" else
+                 f"torch's Python functions (the C++ allocator: {st}; "
+                 "python -m rl_triton_core.build)")
+        return ("GPU launch: a repeated call from C (cuLaunchKernel on torch's current "
+                f"stream; outputs from {alloc})")
     why = ("the C extension was not built" if _cpu_c._cscan is None else
            "torch has no DLPack C exchange table" if _cpu_c.replay is None else
            "the CUDA driver lacks cuFuncGetParamInfo (CUDA 12.4+)")

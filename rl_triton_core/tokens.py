@@ -25,7 +25,7 @@ import os
 import torch
 
 from rl_triton_core import _config, _host, _record, _validate
-from rl_triton_core.scan import _dispatch
+from rl_triton_core.scan import _claunch, _cpu_c, _dispatch
 from rl_triton_core.scan._dispatch import backend_for
 
 __all__ = ["masked_gae", "masked_returns", "masked_whiten"]
@@ -128,11 +128,11 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_ep
     """
     how = _whitening(True, count_eps, eps, unbiased, _validate.flag("shift_mean", shift_mean),
                      fill)
-    raw = (x, None, mask, None, 0.0, 0.0) + _numbers(0.0, 0.0)
     prefix = ("masked_whiten", how)
-    res = _replay(prefix, raw)
+    res = _replay(prefix, (x, None, mask, None, 0.0, 0.0))
     if res is not None:
         return res
+    raw = (x, None, mask, None, 0.0, 0.0) + _numbers(0.0, 0.0)
     x = _validate.floating("x", _validate.tensor("x", x))
     mask = _validate.tensor("mask", mask, flag=True)
     _validate.same_shape("mask", mask, "x", x.shape)
@@ -176,11 +176,11 @@ def _rows(t):
 
 
 def _scan(name, mode, rewards, values, mask, gamma, lmbda, cu_seqlens, time_dim, how):
-    raw = (rewards, values, mask, cu_seqlens, gamma, lmbda) + _numbers(gamma, lmbda)
     prefix = (name, mode, type(time_dim), time_dim, how)
-    res = _replay(prefix, raw)
+    res = _replay(prefix, (rewards, values, mask, cu_seqlens, gamma, lmbda), time_dim)
     if res is not None:
         return res
+    raw = (rewards, values, mask, cu_seqlens, gamma, lmbda) + _numbers(gamma, lmbda)
     rewards = _validate.tensor("rewards", rewards)
     named = [("rewards", rewards)]
     if values is not None:
@@ -273,17 +273,49 @@ def _numbers(gamma, lmbda) -> tuple:
     return (None,) * 4
 
 
-def _replay(prefix, raw):
-    """The result of a recorded call with these arguments, or None (the full path runs).
-    Looked up only for the calls :func:`_remember` records (CUDA tensors; CPU tensors
-    only under the tests' ``cpu_plans``), where some call was recorded: a CPU call builds
-    no key, though the scan's CPU calls keep records in the same table."""
-    x = raw[0]
+def _replay(prefix, args, time_dim=0):
+    """The result of a recorded call with these arguments (``args``: data, values, mask,
+    cu_seqlens, gamma, lmbda), or None (the full path runs). Looked up only for the
+    calls :func:`_remember` records (CUDA tensors; CPU tensors only under the tests'
+    ``cpu_plans``), where some call was recorded: a CPU call builds no key, though the
+    scan's CPU calls keep records in the same table. A CUDA call tries the C replay
+    first (``scan/_claunch.py``: no Python between here and the launch; :func:`_c_args`),
+    then the recorded launch in Python."""
+    x = args[0]
     if (not _dispatch._PLANS or type(x) is not torch.Tensor
             or not (x.is_cuda or _config._current.cpu_plans)
             or torch.compiler.is_compiling()):
         return None
-    return _dispatch.cached(prefix, raw)[1]
+    if _claunch.recorded and type(time_dim) is int:
+        res = _cpu_c.replay(_dispatch._PLANS, _cprefix(prefix), _c_args(args), time_dim,
+                            _config._current)
+        if res is not None:
+            return res
+    return _dispatch.cached(prefix, args + _numbers(args[4], args[5]))[1]
+
+
+def _c_args(args) -> tuple:
+    """The C replay's arguments of a call: ``args`` and gamma lambda (None where gamma or
+    lambda is not a plain number: never recorded). The C replay splits gamma and gamma
+    lambda into the token scan's float32 halves as :func:`_numbers` does."""
+    g, lm = args[4], args[5]
+    gl = float(g) * float(lm) if type(g) in (float, int) and type(lm) in (float, int) else None
+    return args + (gl,)
+
+
+# the Python record's numbers (raw[6:10], :func:`_numbers`) as the C call's (``_c_args``):
+# the halves of gamma (argument 4) and of gamma lambda (argument 6)
+_C_NUMBERS = {6: ("hi", 4), 7: ("lo", 4), 8: ("hi", 6), 9: ("lo", 6)}
+
+
+_CPREFIX: dict = {}  # a call's prefix -> its prefix in the C replay's keys
+
+
+def _cprefix(prefix) -> bytes:
+    b = _CPREFIX.get(prefix)
+    if b is None:
+        b = _CPREFIX[prefix] = b"tokens/" + repr(prefix).encode()
+    return b
 
 
 def _remember(prefix, raw, ran, sources, outs, n_returns):
@@ -339,6 +371,16 @@ def _remember(prefix, raw, ran, sources, outs, n_returns):
     rec = _record.Recorded(_tl.Chain(parts), flat, tensors=tensors, numbers=numbers,
                            checks=_RANGES, allocs=allocs, placed=placed, returns=returns)
     _dispatch._store(key, rec)
+    time_dim = prefix[3] if len(prefix) == 5 else 0  # (masked_whiten has none: 0)
+    if device.type == "cuda" and type(time_dim) is int and _claunch.enabled():
+        # the same launches for the C replay, under its key
+        cargs = _c_args(raw[:6])
+        ckey = _claunch.key(_tl.knobs.runtime, _cprefix(prefix), cargs, time_dim, tune)
+        sources = rec.sources()
+        for path, (kind, idx) in sources.items():
+            if kind == "f32":
+                sources[path] = _C_NUMBERS[idx]
+        _dispatch._store(ckey, _claunch.of_recorded(ckey, rec, flat, len(cargs), tune, sources))
 
 
 def _np(t):

@@ -4,7 +4,8 @@
  * A repeated CUDA call of the same shapes, strides, dtypes, device and tuning is found
  * by the replay's key (built from the tensors' metadata through DLPack's exchange table:
  * no Python attribute read), its numbers are range-checked, its outputs and scratch
- * buffers are allocated by torch.empty_strided / torch.zeros (torch's caching
+ * buffers are allocated by at::empty_strided / at::zeros where _torchalloc.cpp is built,
+ * else by torch.empty_strided / torch.zeros from Python (either way torch's caching
  * allocator, so CUDA graph capture and streams behave as for any torch op), and each
  * recorded kernel is started by one cuLaunchKernel on torch's current stream of the
  * device, with its parameters written from a template: the compiled kernel Triton built
@@ -66,6 +67,73 @@ static dl_stream_t dl_stream;
 static PyObject *torch_empty_strided, *torch_zeros, *triton_runtime, *kw_dtype_device;
 static PyObject *s_enter_hook, *s_exit_hook, *s_calls;
 
+/* at::empty_strided / at::zeros from torch's C++ API (_torchalloc.cpp, handed over by
+ * gpu_alloc), or NULL: torch.empty_strided / torch.zeros called as Python functions */
+typedef PyObject *(*ext_alloc_t)(int, const int64_t *, const int64_t *, int, int, int, int);
+static ext_alloc_t ext_alloc;
+
+/* gpu_alloc(alloc, plain): the C replay allocates through the capsule alloc's function
+ * from now on (_torchalloc.py checks its dtype numbers first), and checks tensors
+ * through plain's where it is a capsule (else by their attributes); gpu_alloc(None,
+ * None): the Python functions and attributes again. True */
+static PyObject *gpu_alloc(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.gpu_alloc(alloc, plain)");
+        return NULL;
+    }
+    void *f = NULL, *p = NULL;
+    if (args[0] != Py_None &&
+        !(f = PyCapsule_GetPointer(args[0], "rl_triton_core._torchalloc.alloc")))
+        return NULL;
+    if (args[1] != Py_None &&
+        !(p = PyCapsule_GetPointer(args[1], "rl_triton_core._torchalloc.plain")))
+        return NULL;
+    ext_alloc = (ext_alloc_t)f;
+    ext_plain = (ext_plain_t)p;
+    Py_RETURN_TRUE;
+}
+
+/* A call's tensor from its record's spec (size, stride, dtype, zeroed, scalar type: the
+ * c10 number, or -1) on device (device_type, index; device: the torch.device): through
+ * ext_alloc where it is set and the spec has a number, else the Python functions. A new
+ * reference, or NULL with an error set. */
+static PyObject *alloc_spec(PyObject *spec, PyObject *device, int device_type, int index) {
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) {
+        PyErr_SetString(PyExc_ValueError, "_cscan: an allocation spec of 5 items");
+        return NULL;
+    }
+    PyObject *size = PyTuple_GET_ITEM(spec, 0), *stride = PyTuple_GET_ITEM(spec, 1);
+    const int zeroed = PyTuple_GET_ITEM(spec, 3) == Py_True;
+    const long code = PyLong_AsLong(PyTuple_GET_ITEM(spec, 4));
+    if (code == -1 && PyErr_Occurred()) return NULL;
+    if (ext_alloc && code >= 0 && PyTuple_Check(size) && PyTuple_Check(stride) &&
+        PyTuple_GET_SIZE(size) == PyTuple_GET_SIZE(stride) && PyTuple_GET_SIZE(size) <= 8) {
+        int64_t sz[8], st[8];
+        const int nd = (int)PyTuple_GET_SIZE(size);
+        for (int d = 0; d < nd; d++) {
+            sz[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(size, d));
+            st[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, d));
+        }
+        if (PyErr_Occurred()) return NULL;
+        return ext_alloc(nd, sz, st, (int)code, device_type, index, zeroed);
+    }
+    if (zeroed) {
+        PyObject *call[3] = {size, PyTuple_GET_ITEM(spec, 2), device};
+        return PyObject_Vectorcall(torch_zeros, call, 1, kw_dtype_device);
+    }
+    PyObject *call[4] = {size, stride, PyTuple_GET_ITEM(spec, 2), device};
+    return PyObject_Vectorcall(torch_empty_strided, call, 2, kw_dtype_device);
+}
+
+/* alloc_test(spec, device): alloc_spec on a CPU device (tests: the capsule's tensors) */
+static PyObject *alloc_test(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !torch_empty_strided) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.alloc_test(spec, device) after gpu_bind");
+        return NULL;
+    }
+    return alloc_spec(args[0], args[1], 0 /* c10::DeviceType::CPU */, -1);
+}
+
 /* gpu_hooks(triton.knobs.runtime): where the replay reads Triton's launch hooks; called
  * (by _claunch.key) before the first CUDA call is keyed for a record, from when on CUDA
  * calls build keys; True */
@@ -76,13 +144,19 @@ static PyObject *gpu_hooks(PyObject *self, PyObject *arg) {
     Py_RETURN_TRUE;
 }
 
-/* gpu_bind(torch.empty_strided, torch.zeros): finds the CUDA driver's entry points;
- * True where the GPU replay can run. */
+/* gpu_bind(torch.empty_strided, torch.zeros): keeps the allocation functions and finds
+ * the CUDA driver's entry points; True where the GPU replay can run. */
 static PyObject *gpu_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "_cscan.gpu_bind(empty_strided, zeros)");
         return NULL;
     }
+    if (!kw_dtype_device && !(kw_dtype_device = Py_BuildValue("(ss)", "dtype", "device")))
+        return NULL;
+    Py_INCREF(args[0]);
+    Py_INCREF(args[1]);
+    Py_XSETREF(torch_empty_strided, args[0]);
+    Py_XSETREF(torch_zeros, args[1]);
 #if GPU_REPLAY
     if (!dl_api) Py_RETURN_FALSE;
     /* DLPack's current_work_stream follows dltensor_from_py_object_no_sync */
@@ -105,12 +179,6 @@ static PyObject *gpu_bind(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (!s_exit_hook && !(s_exit_hook = PyUnicode_InternFromString("launch_exit_hook")))
         return NULL;
     if (!s_calls && !(s_calls = PyUnicode_InternFromString("calls"))) return NULL;
-    if (!kw_dtype_device && !(kw_dtype_device = Py_BuildValue("(ss)", "dtype", "device")))
-        return NULL;
-    Py_INCREF(args[0]);
-    Py_INCREF(args[1]);
-    Py_XSETREF(torch_empty_strided, args[0]);
-    Py_XSETREF(torch_zeros, args[1]);
     Py_RETURN_TRUE;
 #else
     Py_RETURN_FALSE;
@@ -243,7 +311,7 @@ static void split_f32(double x, float *hi, float *lo) {
 
 /* The replay of a GPU recording rec = (grecord bytes, allocations, tuning, results, device)
  * for the user's arguments call_args (whose views are in dl); None (the Python path) where
- * a check fails. allocations: per tensor (size, stride, dtype, zeroed). */
+ * a check fails. allocations: per tensor (size, stride, dtype, zeroed, c10 scalar type or -1). */
 static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_t *dl) {
 #if GPU_REPLAY
     if (!cu_launch || !triton_runtime) Py_RETURN_NONE;
@@ -317,17 +385,7 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
     const Py_ssize_t na = PyTuple_GET_SIZE(allocs);
     PyObject *res = NULL;
     for (Py_ssize_t j = 0; j < na; j++) {
-        PyObject *spec = PyTuple_GET_ITEM(allocs, j);
-        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 4) goto done;
-        PyObject *t;
-        if (PyTuple_GET_ITEM(spec, 3) == Py_True) {
-            PyObject *call[3] = {PyTuple_GET_ITEM(spec, 0), PyTuple_GET_ITEM(spec, 2), device};
-            t = PyObject_Vectorcall(torch_zeros, call, 1, kw_dtype_device);
-        } else {
-            PyObject *call[4] = {PyTuple_GET_ITEM(spec, 0), PyTuple_GET_ITEM(spec, 1),
-                                 PyTuple_GET_ITEM(spec, 2), device};
-            t = PyObject_Vectorcall(torch_empty_strided, call, 2, kw_dtype_device);
-        }
+        PyObject *t = alloc_spec(PyTuple_GET_ITEM(allocs, j), device, 1 /* CUDA */, dev);
         if (!t) goto done;
         out[j] = t;
         dl_tensor_t d;

@@ -20,12 +20,13 @@ call is recorded) keeps every call on Triton's launcher.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 
 import torch
 
-from rl_triton_core.scan import _cpu_c
+from rl_triton_core.scan import _cpu_c, _torchalloc
 
 P_CONST, P_ALLOC, P_ARG, P_F32, P_HI, P_LO = range(6)
 # a constant parameter's packing and the bytes the kernel reads, by Triton type
@@ -137,11 +138,15 @@ def record(ckey, launches, allocs, returns, checks, extents, device, tune, sourc
     an out= tensor), per argument of the call ``checks`` (None or a number's (lo, hi))
     and ``extents`` (bytes from a tensor's address, which an out= tensor must not share;
     0 for none), ``source(path)`` a parameter's source ((kind, index) or None for a
-    constant; ``path``: (argument position,) or (position, tuple index))."""
+    constant; ``path``: (argument position,) or (position, tuple index), positions in
+    the call's one argument list, where a launch's own arguments start at its ``lo``:
+    ``launches`` [(compiled kernel, grid, its positional arguments, lo)]); ``allocs``
+    [(shape, stride, dtype, zeroed)]."""
     if ckey is None or not enabled() or len(allocs) > 4:
         return None
     try:
-        recs = tuple(_launch_of(k, g, full, source) for k, g, full in launches)
+        recs = tuple(_launch_of(k, g, full, lambda path, lo=lo: source((path[0] + lo,) + path[1:]))
+                     for k, g, full, lo in launches)
     except (_NotRecordable, AttributeError, KeyError, TypeError, struct.error, OverflowError):
         return None
     blob = _cpu_c._cscan.grecord(len(checks), len(allocs), tuple(checks), recs,
@@ -149,31 +154,58 @@ def record(ckey, launches, allocs, returns, checks, extents, device, tune, sourc
     if blob is None:
         return None
     global recorded
+    if not recorded:  # the C++ allocator: loaded from the cache, or built in the background
+        _torchalloc.ensure()
     recorded = True
-    specs = tuple((tuple(t.shape), tuple(t.stride()), t.dtype, bool(zero)) for t, zero in allocs)
+    specs = tuple((tuple(shape), tuple(stride), dtype, bool(zero),
+                   _torchalloc.SCALAR.get(dtype, -1)) for shape, stride, dtype, zero in allocs)
     return blob, specs, tune, len(returns), device
 
 
 _KIND = {"alloc": P_ALLOC, "arg": P_ARG, "f32": P_F32, "hi": P_HI, "lo": P_LO}
 
 
-def of_recorded(ckey, rec, args, nargs: int, tune):
+def of_recorded(ckey, rec, args, nargs: int, tune, sources=None):
     """The C record of ``rec`` (a :class:`_record.Recorded` whose run is a
-    ``_tl.Replay``), just made from a launch with positional arguments ``args``
-    (its allocations are the tensors it placed there), for a call of ``nargs``
-    arguments; None where it cannot be recorded."""
-    run = rec.run
-    sources = {path: (_KIND[kind], idx) for path, (kind, idx) in rec.sources().items()}
+    ``_tl.Replay`` or a ``_tl.Chain`` of them), just made from a launch with positional
+    arguments ``args`` (its allocations are the tensors it placed there), for a call of
+    ``nargs`` arguments; None where it cannot be recorded. ``sources``: where the C
+    call's arguments go, where they differ from the Python record's
+    (``rec.sources()``)."""
+    sources = {path: (_KIND[kind], idx)
+               for path, (kind, idx) in (sources or rec.sources()).items()}
     example = {}
     for pos, k in rec.placed:
         example.setdefault(k, args[pos])
-    allocs = [(example[k], a.zero) for k, a in enumerate(rec.allocs)]
+    allocs = []  # (shape, stride, dtype, zeroed), as the record makes each
+    for k, a in enumerate(rec.allocs):
+        if a.like is None:  # of a fixed shape: contiguous
+            allocs.append((a.shape, _contiguous(a.shape), a.dtype, a.zero))
+        else:  # torch.empty_like of the user's argument: the strides the first call got
+            t = example[k]
+            allocs.append((t.shape, t.stride(), t.dtype, a.zero))
     returns = [(P_ALLOC if made else P_ARG, idx) for made, idx in rec.returns]
     checks, extents = [None] * nargs, [0] * nargs
     for idx, lo, hi in rec.checks:
         checks[idx] = (float(lo), float(hi))
+    for kind, idx in sources.values():  # a number without a range of its own: any finite
+        if kind >= P_F32 and checks[idx] is None:
+            checks[idx] = (-math.inf, math.inf)
     for idx, ext in rec.in_extents + rec.out_extents:
         extents[idx] = ext
-    launches = [(k, grid, (*args, *consts)) for k, grid, consts in run.kernels]
-    return record(ckey, launches, allocs, returns, checks, extents, run.device, tune,
+    # one run's kernels on the whole argument list, or a chain of runs on its slices
+    run = rec.run
+    parts = run.parts if hasattr(run, "parts") else ((run, 0, len(args)),)
+    launches = [(k, grid, (*args[lo:hi], *consts), lo)
+                for part, lo, hi in parts for k, grid, consts in part.kernels]
+    return record(ckey, launches, allocs, returns, checks, extents, parts[0][0].device, tune,
                   sources.get)
+
+
+def _contiguous(shape) -> tuple:
+    """A contiguous tensor's strides (as torch gives them: a size-1 axis too)."""
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(stride))

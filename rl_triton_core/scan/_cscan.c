@@ -1939,7 +1939,11 @@ static PyObject *new_output(PyObject *alloc, PyObject *shape, PyObject *dtype, c
 /* 1 where the replay may take tensor a, 0 where the Python path must (a tensor that
  * requires grad: autograd, or detach; a view with the negative bit, x.conj().imag:
  * DLPack describes its memory, not its values), -1 with a Python error set */
+typedef int (*ext_plain_t)(PyObject *);
+static ext_plain_t ext_plain; /* _torchalloc.cpp's reading of the two, where loaded */
+
 static int plain_tensor(PyObject *a) {
+    if (ext_plain) return ext_plain(a);
     PyObject *rg = PyObject_GetAttr(a, s_requires_grad);
     if (!rg) return -1;
     Py_DECREF(rg);
@@ -2374,6 +2378,11 @@ static PyMethodDef methods[] = {
     {"gpu_bind", (PyCFunction)(void (*)(void))gpu_bind, METH_FASTCALL,
      "gpu_bind(torch.empty_strided, torch.zeros): find the CUDA driver; True where "
      "replay() can repeat recorded CUDA launches."},
+    {"gpu_alloc", (PyCFunction)(void (*)(void))gpu_alloc, METH_FASTCALL,
+     "gpu_alloc(alloc, plain): replay() allocates (and checks tensors) through "
+     "_torchalloc's C++ functions; (None, None): through Python."},
+    {"alloc_test", (PyCFunction)(void (*)(void))alloc_test, METH_FASTCALL,
+     "alloc_test(spec, device): a CPU tensor as replay() allocates one (for tests)."},
     {"gpu_hooks", gpu_hooks, METH_O,
      "gpu_hooks(triton.knobs.runtime): where replay() reads Triton's launch hooks."},
     {"param_sizes", param_sizes, METH_O,

@@ -12,7 +12,7 @@ import torch
 from core_testlib import full_path, spy_c_replay
 from test_paths import CASES, _inputs
 
-from rl_triton_core.scan import _claunch, _cpu_c, _dispatch
+from rl_triton_core.scan import _claunch, _cpu_c, _dispatch, _torchalloc
 
 
 @pytest.fixture(autouse=True)
@@ -27,18 +27,30 @@ def _gpu_records():
             type(v[4]) is torch.device]
 
 
-def _needs_c_launch():
+def _needs_c_launch(alloc="torch"):
+    """The C launch available here, its outputs allocated through torch's C++ API
+    (``alloc="torch"``, the extension built on the first CUDA record; it must build
+    wherever the C launch runs) or through torch's Python functions (``"python"``)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     if not _claunch.available():
         pytest.skip("the C launch is not available here (extension, DLPack table or driver)")
+    assert _torchalloc.ensure(wait=True), _torchalloc.state
+    _torchalloc.use(alloc == "torch")
+
+
+@pytest.fixture(autouse=True)
+def _alloc_restored():
+    yield
+    _torchalloc.use(True)
 
 
 def _launch_path(path, monkeypatch):
-    """The C replay (``"c"``, the default where it is available) or Triton's launcher
-    (``"triton"``: ``RL_TRITON_CORE_C_LAUNCH=0``)."""
-    if path == "c":
-        _needs_c_launch()
+    """The C replay (``"c"``, the default where it is available; ``"c-python-alloc"``:
+    its outputs from torch's Python functions) or Triton's launcher (``"triton"``:
+    ``RL_TRITON_CORE_C_LAUNCH=0``)."""
+    if path.startswith("c"):
+        _needs_c_launch("python" if path == "c-python-alloc" else "torch")
     elif not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     else:
@@ -89,8 +101,9 @@ def _same(got, want):
 @pytest.mark.parametrize("layout", ["batch", "time"])
 @pytest.mark.parametrize("shape", [(5, 77), (3, 70_000)])
 @pytest.mark.parametrize("name", list(CASES))
-def test_c_replay_gives_the_python_paths_bits(name, shape, layout, dtype, gen, monkeypatch):
-    _needs_c_launch()
+def test_c_replay_gives_the_python_paths_bits(name, shape, layout, dtype, gen, monkeypatch,
+                                              alloc="torch"):
+    _needs_c_launch(alloc)
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
     _dispatch._PLANS.clear()
     fn, args, kw = _case(name, gen, shape, layout, dtype, 0.97)
@@ -107,7 +120,117 @@ def test_c_replay_gives_the_python_paths_bits(name, shape, layout, dtype, gen, m
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["c", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 77), (3, 70_000)])
+@pytest.mark.parametrize("name", list(CASES))
+def test_c_replay_with_python_allocation(name, shape, dtype, gen, monkeypatch):
+    """The outputs allocated by torch's Python functions (where the C++ allocator is not
+    built): the same bits."""
+    test_c_replay_gives_the_python_paths_bits(name, shape, "batch", dtype, gen, monkeypatch,
+                                              alloc="python")
+
+
+TOKEN_CASES = ["gae", "gae_whiten_fill", "gae_mul", "returns", "whiten", "packed",
+               "bf16_whiten"]
+
+
+def _token_call(case, gen, gamma, lmbda):
+    """A token estimator's call on fresh random CUDA data (test_token_replay's cases)."""
+    import rl_triton_core as rc
+
+    dtype = torch.bfloat16 if case == "bf16_whiten" else torch.float32
+    shape = (300,) if case == "packed" else (6, 300)
+    r = torch.randn(shape, generator=gen).to(dtype).cuda()
+    v = torch.randn(shape, generator=gen).to(dtype).cuda()
+    m = (torch.rand(shape, generator=gen) < 0.8).cuda()
+    cu = torch.tensor([0, 50, 50, 170, 300], device="cuda") if case == "packed" else None
+    if case == "returns":
+        return lambda: rc.masked_returns(r, m, gamma=gamma, time_dim=-1)
+    if case == "whiten":
+        return lambda: rc.masked_whiten(r, m, fill=0.0, count_eps=1e-8)
+    return lambda: rc.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, time_dim=-1,
+                                 skip=case != "gae_mul", cu_seqlens=cu,
+                                 whiten=case in ("gae_whiten_fill", "bf16_whiten"),
+                                 fill=0.0 if case == "gae_whiten_fill" else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alloc", ["torch", "python"])
+@pytest.mark.parametrize("case", TOKEN_CASES)
+def test_c_replay_of_the_token_estimators(case, alloc, gen, monkeypatch):
+    """A repeated token call (masked GAE, returns, whitening; padded and packed) is
+    launched from C, with the full path's bits on fresh data and new coefficients."""
+    _needs_c_launch(alloc)
+    _dispatch._PLANS.clear()
+    _token_call(case, gen, 0.9, 0.8)()  # recorded
+    assert _gpu_records(), "the token call was not recorded for the C replay"
+    call = _token_call(case, gen, 0.97, 0.5)  # fresh data, new numbers
+    replayed, real = [], _cpu_c.replay
+
+    def spy(*a):
+        res = real(*a)
+        if res is not None:
+            replayed.append(res)
+        return res
+
+    monkeypatch.setattr(_cpu_c, "replay", spy)
+    _poison_cache(4 * 6 * 300 * 8)
+    got = call()
+    assert replayed, "the repeated token call did not take the C replay"
+    want = full_path(monkeypatch, call)
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert [g is None for g in got] == [w is None for w in want]
+    _same(tuple(g for g in got if g is not None), tuple(w for w in want if w is not None))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alloc", ["torch", "python"])
+def test_c_replay_steps_aside_for_grad_and_negative_views(alloc, gen, monkeypatch):
+    """A tensor that requires grad (the autograd path) or is a negative view (its memory
+    is not its values) is never replayed, whichever way the tensors are checked."""
+    _needs_c_launch(alloc)
+    _dispatch._PLANS.clear()
+    fn, args, kw = _case("gae", gen, (8, 64), "batch", torch.float32, 0.95)
+    fn(*args, **kw)  # recorded
+    replayed = []
+    spy_c_replay(monkeypatch, replayed)
+    x = args[0].clone().requires_grad_()
+    adv, _ = fn(x, *args[1:], **kw)
+    assert adv.grad_fn is not None and not replayed
+    neg = torch._neg_view(args[0])
+    got = fn(neg, *args[1:], **kw)
+    assert not replayed
+    _same(got, full_path(monkeypatch, lambda: fn(neg.resolve_neg(), *args[1:], **kw)))
+    fn(*args, **kw)
+    assert replayed  # the plain call still is
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alloc", ["torch", "python"])
+def test_the_allocation_that_runs(alloc, gen, monkeypatch):
+    """With the C++ allocator, a replayed call calls no torch function from Python (a
+    torch function mode sees none); without it, it calls torch.empty_strided per output."""
+    _needs_c_launch(alloc)
+    _dispatch._PLANS.clear()
+    fn, args, kw = _case("gae", gen, (8, 64), "batch", torch.float32, 0.95)
+    fn(*args, **kw)  # recorded
+    seen, replayed = [], []
+
+    class Spy(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    spy_c_replay(monkeypatch, replayed)
+    with Spy():
+        fn(*args, **kw)
+    assert replayed, "the repeated call did not take the C replay"
+    assert seen.count("empty_strided") == (0 if alloc == "torch" else 2), seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["c", "c-python-alloc", "triton"])
 @pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_cumsum"])
 def test_c_replay_under_graph_capture(name, path, gen, monkeypatch):
     """A repeated call captured in a CUDA graph, on both launch paths: its outputs come
@@ -127,7 +250,7 @@ def test_c_replay_under_graph_capture(name, path, gen, monkeypatch):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fn(*args, **kw)
-    assert bool(replayed) == (path == "c"), "the captured call took the other launch path"
+    assert bool(replayed) == path.startswith("c"), "the captured call took the other launch path"
     _, fresh, _ = _case(name, gen, (64, 200), "batch", torch.float32, 0.95)
     for a, f in zip(args, fresh):
         if isinstance(a, torch.Tensor):
@@ -139,7 +262,7 @@ def test_c_replay_under_graph_capture(name, path, gen, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["c", "triton"])
+@pytest.mark.parametrize("path", ["c", "c-python-alloc", "triton"])
 def test_c_replay_runs_on_the_current_stream(path, gen, monkeypatch):
     """On a side stream, after a long kernel that precedes the write of the inputs on that
     stream, on both launch paths: a launch on any other stream would read the inputs
@@ -161,7 +284,7 @@ def test_c_replay_runs_on_the_current_stream(path, gen, monkeypatch):
                 a.copy_(f)
         got = fn(*args, **kw)
     torch.cuda.synchronize()
-    assert bool(replayed) == (path == "c")
+    assert bool(replayed) == path.startswith("c")
     _same(got, want)
 
 

@@ -1,0 +1,206 @@
+"""The C replay's tensor allocation through torch's C++ API (``_torchalloc.cpp``):
+built once per torch version and cached, loaded by the first recorded CUDA call.
+
+A repeated CUDA call (``_claunch``) allocates its outputs in C. Without this
+extension it calls ``torch.empty_strided`` as a Python function, whose argument
+parsing costs a few microseconds a tensor, about half the host time of a two-output
+call; with it, ``at::empty_strided`` is called directly.
+
+The extension is compiled against the installed torch's headers with the system C++
+compiler (``$CXX``, else ``c++``): no CUDA toolkit, no new dependency, about 6 s.
+Nothing is built at import or install time. The first CUDA call that is recorded
+loads it from the cache, or, where it is not there yet, starts the build in a
+background thread and the replay uses the Python functions until it is done;
+:func:`build` builds it in the foreground (``python -m rl_triton_core.build`` does,
+e.g. while an image is built). The cache is ``$RL_TRITON_CORE_CACHE_DIR``, else
+``$XDG_CACHE_HOME/rl_triton_core``, else ``~/.cache/rl_triton_core``, one file per
+torch version, Python and source. A build that fails is remembered there, and not
+tried again for that torch. ``RL_TRITON_CORE_TORCH_ALLOC=0`` (read at the first
+recorded call) neither builds nor loads it. ``rl_triton_core.describe()`` reports
+its state and build time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+
+import torch
+
+from rl_triton_core.scan import _cpu_c
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torchalloc.cpp")
+_NAME = "rl_triton_core.scan._torchalloc_ext"  # (not imported by name: loaded from the cache)
+# c10::ScalarType of the dtypes a call allocates; checked against the extension's own
+# reading of each dtype before it is used, and a record of another dtype allocates
+# through Python
+SCALAR = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
+          torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bool: 11,
+          torch.bfloat16: 15}
+
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+state = "not loaded"  # "loaded", "building", "failed: ...", "off", "unsupported: ..."
+build_seconds: float | None = None  # the build's time, where this cache entry was built
+module = None  # the loaded extension
+
+
+def use(on: bool):
+    """Allocate through the loaded extension (``on``), or through torch's Python
+    functions (tests compare the two)."""
+    if on and module is not None:
+        _cpu_c._cscan.gpu_alloc(module.alloc, getattr(module, "plain", None))
+    else:
+        _cpu_c._cscan.gpu_alloc(None, None)
+
+
+def cache_dir() -> str:
+    d = os.environ.get("RL_TRITON_CORE_CACHE_DIR")
+    if not d:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = os.path.join(base, "rl_triton_core")
+    return d
+
+
+def _compiler() -> list[str]:
+    return shlex.split(os.environ.get("CXX") or "c++")
+
+
+def _torch_dirs() -> tuple[str, str]:
+    root = os.path.dirname(os.path.abspath(torch.__file__))
+    return os.path.join(root, "include"), os.path.join(root, "lib")
+
+
+def path() -> str:
+    """The cached extension's file for this torch, Python, compiler and source."""
+    with open(SOURCE, "rb") as f:
+        h = hashlib.sha256(f.read())
+    h.update(" ".join([torch.__version__, _torch_dirs()[0], sys.version, *_compiler()]).encode())
+    return os.path.join(cache_dir(), f"_torchalloc-{h.hexdigest()[:16]}"
+                        + sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def _command(out: str, std: str) -> list[str]:
+    inc, lib = _torch_dirs()
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    return [*_compiler(), "-O2", f"-std={std}", "-shared", "-fPIC", "-w",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I" + sysconfig.get_paths()["include"],
+            "-I" + inc, SOURCE, "-o", out, "-L" + lib, "-lc10", "-ltorch_cpu",
+            "-ltorch_python", "-Wl,-rpath," + lib]
+
+
+def build() -> float:
+    """Compile the extension into the cache (atomically: a finished file or none) and
+    return the seconds it took; RuntimeError with the compiler's message where it
+    fails (remembered: the first recorded call does not try again)."""
+    if sys.platform == "win32":
+        raise RuntimeError("not built on Windows (the C replay does not run there)")
+    dest = path()
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    start = time.perf_counter()
+    fd, tmp = tempfile.mkstemp(suffix=sysconfig.get_config_var("EXT_SUFFIX"),
+                               dir=os.path.dirname(dest))
+    os.close(fd)
+    err = ""
+    try:
+        for std in ("c++20", "c++17"):  # torch 2.13's headers want C++20; older take 17
+            try:
+                p = subprocess.run(_command(tmp, std), capture_output=True, text=True)
+            except OSError as e:  # no compiler
+                err = str(e)
+                break
+            if p.returncode == 0:
+                seconds = time.perf_counter() - start
+                os.replace(tmp, dest)
+                with open(dest + ".seconds", "w") as f:
+                    f.write(f"{seconds:.1f}\n")
+                return seconds
+            err = (p.stderr or p.stdout).strip()[-2000:]
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    with open(dest + ".failed", "w") as f:
+        f.write(err + "\n")
+    raise RuntimeError(f"rl_triton_core: {os.path.basename(SOURCE)} was not built: {err}")
+
+
+def _load(p: str) -> bool:
+    """Load the built extension at ``p`` and hand its functions to the C replay."""
+    global state, build_seconds, module
+    loader = importlib.machinery.ExtensionFileLoader(_NAME, p)
+    spec = importlib.util.spec_from_file_location(_NAME, p, loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    if any(mod.scalar_type(d) != code for d, code in SCALAR.items()):
+        state = "unsupported: this torch numbers its dtypes differently"
+        return False
+    module = mod
+    use(True)
+    try:
+        with open(p + ".seconds") as f:
+            build_seconds = float(f.read())
+    except (OSError, ValueError):
+        build_seconds = None
+    state = "loaded"
+    return True
+
+
+def _build_and_load():
+    global state
+    try:
+        build()
+        with _lock:
+            _load(path())
+    except Exception as e:  # a compiler error, or a library that does not load
+        state = f"failed: {str(e).splitlines()[0][:200]}"
+
+
+def ensure(wait: bool = False) -> bool:
+    """Load the cached extension, or start its build in a background thread (``wait``:
+    build in this thread). True where the C replay allocates through it now."""
+    global state, _thread
+    if state == "loaded":
+        return True
+    if _cpu_c._cscan is None or not hasattr(_cpu_c._cscan, "gpu_alloc"):
+        state = "unsupported: the C extension is not built"
+        return False
+    if os.environ.get("RL_TRITON_CORE_TORCH_ALLOC", "1") == "0":
+        state = "off"
+        return False
+    if _thread is not None and _thread.is_alive():
+        if wait:
+            _thread.join()
+        return state == "loaded"
+    try:
+        p = path()
+    except OSError as e:  # the source is missing
+        state = f"failed: {e}"
+        return False
+    if os.path.exists(p):
+        with _lock:
+            try:
+                return _load(p)
+            except Exception as e:  # a stale or broken file: rebuilt below
+                state = f"failed: {str(e).splitlines()[0][:200]}"
+                os.unlink(p)
+    if os.path.exists(p + ".failed") and not wait:
+        with open(p + ".failed") as f:
+            state = "failed: " + (f.read().strip().splitlines() or ["?"])[-1][:200]
+        return False
+    state = "building"
+    if wait:
+        _build_and_load()
+        return state == "loaded"
+    _thread = threading.Thread(target=_build_and_load, name="rl_triton_core-torchalloc",
+                               daemon=True)
+    _thread.start()
+    return False
