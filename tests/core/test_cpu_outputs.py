@@ -80,3 +80,20 @@ def test_only_large_outputs_come_from_the_cache():
     assert small.untyped_storage().resizable()  # torch.empty's
     assert not large.untyped_storage().resizable()  # a block's
     assert large.shape == (2, T) and large.is_contiguous() and large.dtype == torch.float32
+
+
+def test_outputs_start_away_from_where_inputs_start():
+    """A cached output starts 2 or 3 KiB (+64 bytes) past a 4 KiB boundary, the two of a
+    call at different ones: never at the page offsets where torch's and numpy's large
+    tensors start (0, 16, 64), where a kernel's loads of the inputs would alias the
+    stores of the outputs in the low 12 address bits and stall."""
+    _blocks()
+    g = torch.Generator().manual_seed(1)
+    r, v, term = _case(g)
+    for _ in range(3):
+        adv, ret = rc.gae(r, v, term, time_dim=-1)
+        offs = {adv.data_ptr() % 4096, ret.data_ptr() % 4096}
+        assert offs == {2048 + 64, 3072 + 64}
+        assert all(t.data_ptr() % 4096 not in offs for t in (r, v))
+        adv, ret = rc.masked_gae(r, v, ~term, time_dim=-1)
+        assert {adv.data_ptr() % 4096, ret.data_ptr() % 4096} == {2048 + 64, 3072 + 64}
