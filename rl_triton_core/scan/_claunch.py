@@ -179,8 +179,9 @@ def of_recorded(ckey, rec, args, nargs: int, tune, sources=None):
         example.setdefault(k, args[pos])
     allocs = []  # (shape, stride, dtype, zeroed), as the record makes each
     for k, a in enumerate(rec.allocs):
-        if a.like is None:  # of a fixed shape: contiguous
-            allocs.append((a.shape, _contiguous(a.shape), a.dtype, a.zero))
+        if a.like is None:  # of a fixed shape: contiguous (its strides from a meta tensor)
+            allocs.append((a.shape, torch.empty(a.shape, device="meta").stride(), a.dtype,
+                           a.zero))
         else:  # torch.empty_like of the user's argument: the strides the first call got
             t = example[k]
             allocs.append((t.shape, t.stride(), t.dtype, a.zero))
@@ -200,12 +201,3 @@ def of_recorded(ckey, rec, args, nargs: int, tune, sources=None):
                 for part, lo, hi in parts for k, grid, consts in part.kernels]
     return record(ckey, launches, allocs, returns, checks, extents, parts[0][0].device, tune,
                   sources.get)
-
-
-def _contiguous(shape) -> tuple:
-    """A contiguous tensor's strides (as torch gives them: a size-1 axis too)."""
-    stride, acc = [], 1
-    for n in reversed(shape):
-        stride.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(stride))

@@ -2152,6 +2152,19 @@ MULTIVERSION static void floor_blocks(const floor_t *F, ssz lo, ssz hi) {
     }
 }
 
+/* the elements [i, hi) past the fused passes' last whole vector, one at a time */
+INLINE void floor_tail(const floor_t *F, ssz i, ssz hi) {
+    for (; i < hi; i++) {
+        float p = F->f[0][i];
+        unsigned m = 0;
+        for (int j = 1; j < F->nf; j++) p += F->f[j][i];
+        for (int j = 0; j < F->nb; j++) m ^= F->b[j][i];
+        for (int j = 0; j < F->nq; j++) m ^= F->q[j][i] != 0;
+        F->o0[i] = p + (float)m;
+        F->o1[i] = 0.5f * F->o0[i];
+    }
+}
+
 /* one pass, 16 elements at a time, every input read as the loop goes (no intermediate
    buffer): the hardware prefetchers see each array as one long run (the faster from
    memory), outputs streamed when large */
@@ -2201,15 +2214,7 @@ MULTIVERSION static void floor_fused(const floor_t *F, ssz lo, ssz hi) {
         memcpy(o0 + i, &p, 64);
         memcpy(o1 + i, &x, 64);
     }
-    for (; i < hi; i++) {
-        float p = F->f[0][i];
-        unsigned m = 0;
-        for (int j = 1; j < F->nf; j++) p += F->f[j][i];
-        for (int j = 0; j < F->nb; j++) m ^= F->b[j][i];
-        for (int j = 0; j < F->nq; j++) m ^= F->q[j][i] != 0;
-        o0[i] = p + (float)m;
-        o1[i] = 0.5f * o0[i];
-    }
+    floor_tail(F, i, hi);
 #if FLOOR_NT_BYTES
     if (F->nt) _mm_sfence();
 #endif
@@ -2261,15 +2266,7 @@ AVX512 static void floor_fused512(const floor_t *F, ssz lo, ssz hi) {
         _mm512_storeu_ps(o0 + i, p);
         _mm512_storeu_ps(o1 + i, x);
     }
-    for (; i < hi; i++) {
-        float p = fp[0][i];
-        unsigned m = 0;
-        for (int j = 1; j < nf; j++) p += fp[j][i];
-        for (int j = 0; j < nb; j++) m ^= bp[j][i];
-        for (int j = 0; j < nq; j++) m ^= qp[j][i] != 0;
-        o0[i] = p + (float)m;
-        o1[i] = 0.5f * o0[i];
-    }
+    floor_tail(F, i, hi);
     if (nt) _mm_sfence();
 }
 #endif

@@ -252,8 +252,11 @@ def python_plans():
 
 def spy_c_replay(monkeypatch, sink):
     """Append each result of the C replay that is not None (a replayed call, CPU or
-    CUDA) to ``sink``; a no-op where the C replay is not available."""
+    CUDA) to ``sink`` (anything with ``append``); a no-op where the C replay is not
+    available. Both ways in are spied: the estimators' (``estimators._replay``, bound
+    at import) and the token estimators' (``_cpu_c.replay``, read at each call)."""
     from rl_triton_core import estimators
+    from rl_triton_core.scan import _cpu_c
 
     real = estimators._replay
     if real is None:
@@ -266,3 +269,4 @@ def spy_c_replay(monkeypatch, sink):
         return res
 
     monkeypatch.setattr(estimators, "_replay", spy)
+    monkeypatch.setattr(_cpu_c, "replay", spy)

@@ -165,15 +165,8 @@ def test_c_replay_of_the_token_estimators(case, alloc, gen, monkeypatch):
     _token_call(case, gen, 0.9, 0.8)()  # recorded
     assert _gpu_records(), "the token call was not recorded for the C replay"
     call = _token_call(case, gen, 0.97, 0.5)  # fresh data, new numbers
-    replayed, real = [], _cpu_c.replay
-
-    def spy(*a):
-        res = real(*a)
-        if res is not None:
-            replayed.append(res)
-        return res
-
-    monkeypatch.setattr(_cpu_c, "replay", spy)
+    replayed = []
+    spy_c_replay(monkeypatch, replayed)
     _poison_cache(4 * 6 * 300 * 8)
     got = call()
     assert replayed, "the repeated token call did not take the C replay"

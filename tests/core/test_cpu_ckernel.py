@@ -459,15 +459,17 @@ def test_two_threads_equal_numba(layout, monkeypatch):
 
 
 def test_floor_passes_agree():
-    """The benchmark's two C floors (blocks, fused) write the same outputs, from every input
-    kind, at lengths off the vectors' and blocks' multiples and past the streamed stores'
+    """The benchmark's two C floors (blocks, fused; the fused one's AVX-512 loop where the
+    CPU has it) write the same outputs, from every input kind (two byte flags), at
+    lengths off the vectors' and blocks' multiples and past the streamed stores'
     threshold."""
     cs = pytest.importorskip("rl_triton_core.scan._cscan")
     rng = np.random.default_rng(4)
     for n in (1, 15, 16, 2049, 100_003, (1 << 21) + 5):
         ins = [rng.standard_normal(n).astype(np.float32) for _ in range(2)]
-        ins += [(rng.random(n) < 0.3).astype(np.uint8), (rng.random(n) < 0.5).astype(np.int64)]
-        want0 = ins[0] + ins[1] + (ins[2] ^ (ins[3] != 0)).astype(np.float32)
+        ins += [(rng.random(n) < 0.3).astype(np.uint8), (rng.random(n) < 0.4).astype(np.uint8),
+                (rng.random(n) < 0.5).astype(np.int64)]
+        want0 = ins[0] + ins[1] + (ins[2] ^ ins[3] ^ (ins[4] != 0)).astype(np.float32)
         for fn in (cs.floor, cs.floor_fused):
             for threads in (1, 2):
                 o0, o1 = np.full(n, np.nan, np.float32), np.full(n, np.nan, np.float32)
