@@ -65,6 +65,9 @@ class Tuning:
     look_window: int = 16
     middle_elems: int = 2048
     tm_steps: int = 16
+    prefetch: int = 0
+    flip: bool = os.environ.get("RL_TRITON_CORE_FLIP", "1") == "1"
+    even: bool = os.environ.get("RL_TRITON_CORE_EVEN", "1") == "1"
     cpu_threads: int | None = None
     cpu_plans: bool = False
     row_tiles: bool = True

@@ -161,6 +161,17 @@ def _exp(x, FP64: tl.constexpr):
 
 
 @triton.jit
+def _prefetch(P, K: tl.constexpr, STR, n1, n2, t, m, UNIFORM: tl.constexpr):
+    """Ask L2 for the line of each stream's step ``t`` (``[BLOCK_N]``) of slot K; nothing
+    is loaded into registers (PTX ``prefetch.global.L2``; CUDA only)."""
+    if P is not None:
+        off = _offset(K, STR, n1, n2, t, UNIFORM)
+        addr = tl.where(m, P + off, P).to(tl.int64)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                                  [addr], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _column(h, cols, idx):
     return tl.sum(tl.where(cols == idx, h, 0.0), axis=1)
 
@@ -446,7 +457,8 @@ def scan_kernel(
     MODE: tl.constexpr, REVERSE: tl.constexpr, PHASE: tl.constexpr, UNIFORM: tl.constexpr,
     FP64: tl.constexpr, SCALAR_N: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, LOOK_W: tl.constexpr,
-    ONE: tl.constexpr = False, I64: tl.constexpr = True,
+    ONE: tl.constexpr = False, I64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
+    FLIP: tl.constexpr = False, EVEN: tl.constexpr = False,
 ):
     """OUT0 (and OUT1, None for one output) = the scan of MODE over [N1, N2, T].
 
@@ -476,7 +488,10 @@ def scan_kernel(
         n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     else:
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < N
+    if EVEN:  # every stream block full and every chunk whole: no bounds to test
+        nmask = tl.full([BLOCK_N], 1, tl.int1)
+    else:
+        nmask = n < N
     n1 = n // N2
     n2 = n % N2
     if SCALAR_N:
@@ -559,10 +574,37 @@ def scan_kernel(
                 k = n_chunks - 1 - kk
             else:
                 k = kk
-            t = t_lo + k * BLOCK_T + cols
+            if FLIP:
+                # a reverse scan held in one thread (time-major): the tile's columns in
+                # scan order (the latest step first), so the scan runs forward; Triton's
+                # reverse scan would swap every value across the warp twice (2 x BLOCK_T
+                # shuffles of each of alpha and beta), although no step leaves the thread
+                t = t_lo + k * BLOCK_T + (BLOCK_T - 1 - cols)
+            else:
+                t = t_lo + k * BLOCK_T + cols
             if I64:
                 t = t.to(tl.int64)
-            m = nm2 & (t < t_hi)
+            if EVEN:
+                m = tl.full([BLOCK_N, BLOCK_T], 1, tl.int1)
+            else:
+                m = nm2 & (t < t_hi)
+            if PREFETCH > 0:
+                # the lines of the chunk PREFETCH ahead, one step per stream (row
+                # n % BLOCK_T of that chunk: a warp's 32 streams cover its steps)
+                if REVERSE:
+                    kp = k - PREFETCH
+                else:
+                    kp = k + PREFETCH
+                tp = t_lo + kp * BLOCK_T + (n % BLOCK_T)
+                mp = nmask & (kp >= 0) & (kp < n_chunks) & (tp < t_hi)
+                _prefetch(X, K_X, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(V, K_V, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(NV, K_NV, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(TERM, K_TERM, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(TRUNC, K_TRUNC, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(RHO, K_RHO, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(G, K_G, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(LM, K_LM, STR, n1, n2, tp, mp, UNIFORM)
             if MODE == LINREC:
                 alpha, beta = _linrec(X, V, STR, o1, o2, t, m, UNIFORM, FP64)
             elif MODE == TRACE:
@@ -591,8 +633,8 @@ def scan_kernel(
                     o1, o2, t, m, UNIFORM, FP64)
             alpha = tl.where(m, alpha, 0.0)
             beta = tl.where(m, beta, 1.0)
-            A, B = tl.associative_scan((alpha, beta), 1, _combine, reverse=REVERSE)
-            if REVERSE:
+            A, B = tl.associative_scan((alpha, beta), 1, _combine, reverse=REVERSE and not FLIP)
+            if REVERSE and not FLIP:
                 edge = 0
             else:
                 edge = BLOCK_T - 1
