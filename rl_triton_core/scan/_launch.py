@@ -240,8 +240,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
                   BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_S=2, STAGES=stages,
                   LOOK_W=tune.look_window, ONE=S == 1 and block_t >= T,
                   PREFETCH=tune.prefetch if device.type == "cuda" else 0,
-                  FLIP=False,
-                  EVEN=tune.even and N % block_n == 0 and T % block_t == 0 and seg % block_t == 0,
+                  FLIP=False, EVEN=False,
                   I64=tune.wide_index or _reach(strides, sizes3, block_n, block_t) >= 2**31)
     grid = (triton.cdiv(N, block_n), S)
     ws_spec = None
@@ -265,8 +264,12 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
     launched = []
     for phase in phases:
         c = {**consts, "PHASE": phase}
-        if phase == 4 and reverse and scalar_n and tune.flip:
-            c["FLIP"] = True
+        if phase == 4:
+            # measured on the H100 (docs/notes.md, "Time-major tiles without bounds"): the
+            # look-back's one chunk per program 1.25-1.5x faster at 4096x128 time-major
+            # with both; in the loops over chunks (PHASE 0-2) either was up to 1.5x slower
+            c["FLIP"] = reverse and scalar_n and tune.flip
+            c["EVEN"] = tune.even and N % block_n == 0 and T % block_t == 0
         pgrid = grid
         if phase == 3:  # the middle pass: one program per stream block, BLOCK_S maps a step
             pgrid = (grid[0], 1)
