@@ -40,6 +40,14 @@ class Tuning:
             two >= 2).
         middle_elems: the middle pass's tile (streams x maps per step).
         tm_steps: steps per thread and chunk of the time-major (thread-per-stream) tiles.
+        prefetch: CUDA: ask L2 for the inputs of the chunk this many ahead at the top of
+            each chunk of the loop over chunks (0: off; sweeps: measured mixed on the
+            H100, docs/notes.md).
+        flip: the look-back's time-major reverse scans load each chunk latest step first
+            and scan forward (no cross-warp reversal of every value); False: Triton's
+            reverse scan (``RL_TRITON_CORE_FLIP=0``).
+        even: the look-back's tiles without bounds where every stream block is full and
+            T a whole number of chunks (``RL_TRITON_CORE_EVEN=0``: bounded).
         cpu_threads: threads of the CPU path (None: min(cores, 8)).
         cpu_plans: tests: record and replay cached launches for CPU tensors too (under
             the Triton interpreter), so the replay logic is checked without a GPU.

@@ -91,3 +91,40 @@ def test_look_back_non_finite_stays_local(reverse, lb):
     assert lb and lb[0][2] == [4]
     bad_steps = (torch.isnan(got) & ~torch.isnan(want)).nonzero().tolist()
     assert not bad_steps, f"NaN where the reference is finite: {bad_steps}"
+
+
+@pytest.mark.parametrize("case", ["gae_shifted", "lambda_shifted", "vtrace_shifted", "traces",
+                                  "linrec_forward"])
+@pytest.mark.parametrize("layout", [((64, 64), 0), ((64, 64), -1)])
+def test_look_back_whole_tiles(case, layout, monkeypatch, tuned):
+    """Whole stream blocks and chunks (no bounds: EVEN), and time-major reverse scans over
+    columns in scan order (FLIP), against the float64 reference; the launch is checked to
+    have taken them, so this cannot pass on the bounded tile."""
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    tuned(segment_len=16)
+    tuned(look_back=True)
+    tuned(look_window=2)
+    tuned(cached_launch=False)
+    seen = []
+    real = _launch.launch
+
+    def spy(*a, **k):
+        res = real(*a, **k)
+        seen.extend(c for _, _, c in res[3])
+        return res
+
+    monkeypatch.setattr(_launch, "launch", spy)
+    shape, td = layout
+    fn, _ = ta.CASES[case]
+    inputs = ta._inputs(99, shape, td, "cpu")
+    inputs = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
+              for k, v in inputs.items()}
+    out = fn(rc, inputs, td)
+    want = fn(ref, {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+                    for k, v in inputs.items()}, td)
+    out = out if isinstance(out, tuple) else (out,)
+    want = want if isinstance(want, tuple) else (want,)
+    for o, w in zip(out, want):
+        torch.testing.assert_close(o.double(), w, rtol=1e-4, atol=1e-4 * float(w.abs().max()))
+    assert seen and all(c["PHASE"] == 4 and c["EVEN"] for c in seen), seen
+    assert all(c["FLIP"] == (td == 0 and c["REVERSE"]) for c in seen), seen
