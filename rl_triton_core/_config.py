@@ -48,6 +48,10 @@ class Tuning:
             reverse scan (``RL_TRITON_CORE_FLIP=0``).
         even: the look-back's tiles without bounds where every stream block is full and
             T a whole number of chunks (``RL_TRITON_CORE_EVEN=0``: bounded).
+        pipe: the time-major loops over chunks build the next chunk's coefficients (its
+            loads) before this chunk's scan and stores: True everywhere, False nowhere,
+            None where measured faster (TD(lambda) and discounted returns, traces and
+            episodic sums; ``RL_TRITON_CORE_PIPE=1`` / ``=0``).
         cpu_threads: threads of the CPU path (None: min(cores, 8)).
         cpu_plans: tests: record and replay cached launches for CPU tensors too (under
             the Triton interpreter), so the replay logic is checked without a GPU.
@@ -76,6 +80,7 @@ class Tuning:
     prefetch: int = 0
     flip: bool = os.environ.get("RL_TRITON_CORE_FLIP", "1") == "1"
     even: bool = os.environ.get("RL_TRITON_CORE_EVEN", "1") == "1"
+    pipe: bool | None = {"1": True, "0": False}.get(os.environ.get("RL_TRITON_CORE_PIPE", ""))
     cpu_threads: int | None = None
     cpu_plans: bool = False
     row_tiles: bool = True

@@ -364,6 +364,56 @@ def _vtrace_bwd(X, V, TERM, TRUNC, RHO, G, LM, RB, CB, PB, g, lm, rb, cb, pb, LO
 
 
 @triton.jit
+def _build(X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO, STR,
+           o1, o2, t, m, T, MODE: tl.constexpr, REVERSE: tl.constexpr, UNIFORM: tl.constexpr,
+           FP64: tl.constexpr):
+    """MODE's coefficient builder on the tile of steps ``t``: (alpha, beta, v, p0, p1,
+    vnext, cont, extra, cut), alpha in the places of the terms a mode has not (never
+    read)."""
+    if MODE == LINREC:
+        alpha, beta = _linrec(X, V, STR, o1, o2, t, m, UNIFORM, FP64)
+    elif MODE == TRACE:
+        alpha, beta = _trace(X, TERM, G, LM, g, lm, LO, STR, o1, o2, t, m, UNIFORM, FP64,
+                             REVERSE)
+    elif MODE == GAE:
+        alpha, beta, v = _gae(X, V, NV, TERM, TRUNC, G, LM, boot, g, lm, LO, STR,
+                              o1, o2, t, m, T, UNIFORM, FP64)
+    elif MODE == TDLAMBDA:
+        alpha, beta = _tdlambda(X, V, NV, TERM, TRUNC, G, LM, boot, g, lm, LO, STR,
+                                o1, o2, t, m, T, UNIFORM, FP64)
+    elif MODE == VTRACE:
+        alpha, beta, v, p0, p1, vnext, cont = _vtrace(
+            X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
+            STR, o1, o2, t, m, T, UNIFORM, FP64)
+    elif MODE == RETRACE:
+        alpha, beta, v = _retrace(X, V, NV, TERM, TRUNC, RHO, G, LM, CB, g, lm, cb, LO,
+                                  STR, o1, o2, t, m, T, UNIFORM, FP64)
+    elif MODE == GAE_BWD or MODE == TD_BWD:
+        alpha, beta, v, p1, cut = _returns_bwd(X, V, TERM, TRUNC, G, LM, g, lm, LO, STR,
+                                          o1, o2, t, m, UNIFORM, FP64, MODE == GAE_BWD)
+    else:
+        tl.static_assert(MODE == VTRACE_BWD)
+        alpha, beta, v, p0, p1, vnext, cont, extra, cut = _vtrace_bwd(
+            X, V, TERM, TRUNC, RHO, G, LM, RB, CB, PB, g, lm, rb, cb, pb, LO, STR,
+            o1, o2, t, m, UNIFORM, FP64)
+    if MODE != GAE and MODE != VTRACE and MODE != RETRACE and MODE != GAE_BWD and (
+            MODE != TD_BWD and MODE != VTRACE_BWD):
+        v = alpha
+    if MODE != VTRACE and MODE != VTRACE_BWD:
+        p0 = alpha
+        vnext = alpha
+        cont = alpha
+        if MODE != GAE_BWD and MODE != TD_BWD:
+            p1 = alpha
+            cut = alpha
+    if MODE == VTRACE:
+        cut = alpha
+    if MODE != VTRACE_BWD:
+        extra = alpha
+    return alpha, beta, v, p0, p1, vnext, cont, extra, cut
+
+
+@triton.jit
 def _wait(FL, seg, valid, level: tl.constexpr):
     """Spin until the status of every valid segment in ``seg`` is at least ``level``
     (the loop carries a scalar only: a tensor carried through it crashed triton 3.6's
@@ -458,7 +508,7 @@ def scan_kernel(
     FP64: tl.constexpr, SCALAR_N: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, LOOK_W: tl.constexpr,
     ONE: tl.constexpr = False, I64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
-    FLIP: tl.constexpr = False, EVEN: tl.constexpr = False,
+    FLIP: tl.constexpr = False, EVEN: tl.constexpr = False, PIPE: tl.constexpr = False,
 ):
     """OUT0 (and OUT1, None for one output) = the scan of MODE over [N1, N2, T].
 
@@ -569,6 +619,16 @@ def scan_kernel(
             n_chunks = 1
         else:
             n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
+        if PIPE:  # the first chunk's coefficients (in scan order), carried into the loop
+            if REVERSE:
+                t0 = t_lo + (n_chunks - 1) * BLOCK_T + cols
+            else:
+                t0 = t_lo + cols
+            if I64:
+                t0 = t0.to(tl.int64)
+            n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut = _build(
+                X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO, STR,
+                o1, o2, t0, nm2 & (t0 < t_hi), T, MODE, REVERSE, UNIFORM, FP64)
         for kk in tl.range(0, n_chunks, num_stages=STAGES):
             if REVERSE:
                 k = n_chunks - 1 - kk
@@ -605,32 +665,24 @@ def scan_kernel(
                 _prefetch(RHO, K_RHO, STR, n1, n2, tp, mp, UNIFORM)
                 _prefetch(G, K_G, STR, n1, n2, tp, mp, UNIFORM)
                 _prefetch(LM, K_LM, STR, n1, n2, tp, mp, UNIFORM)
-            if MODE == LINREC:
-                alpha, beta = _linrec(X, V, STR, o1, o2, t, m, UNIFORM, FP64)
-            elif MODE == TRACE:
-                alpha, beta = _trace(X, TERM, G, LM, g, lm, LO, STR, o1, o2, t, m, UNIFORM, FP64,
-                                     REVERSE)
-            elif MODE == GAE:
-                alpha, beta, v = _gae(X, V, NV, TERM, TRUNC, G, LM, boot, g, lm, LO, STR,
-                                      o1, o2, t, m, T, UNIFORM, FP64)
-            elif MODE == TDLAMBDA:
-                alpha, beta = _tdlambda(X, V, NV, TERM, TRUNC, G, LM, boot, g, lm, LO, STR,
-                                        o1, o2, t, m, T, UNIFORM, FP64)
-            elif MODE == VTRACE:
-                alpha, beta, v, p0, p1, vnext, cont = _vtrace(
+            if PIPE:
+                # the next chunk's loads and coefficients first, in flight while this one
+                # is scanned and stored (a load after this chunk's stores could not be
+                # moved above them: they may alias)
+                alpha, beta, v, p0, p1, vnext, cont, extra, cut = (
+                    n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut)
+                if REVERSE:
+                    tn = t - BLOCK_T
+                else:
+                    tn = t + BLOCK_T
+                mn = nm2 & (tn < t_hi) & (tn >= t_lo)
+                n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut = _build(
                     X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
-                    STR, o1, o2, t, m, T, UNIFORM, FP64)
-            elif MODE == RETRACE:
-                alpha, beta, v = _retrace(X, V, NV, TERM, TRUNC, RHO, G, LM, CB, g, lm, cb, LO,
-                                          STR, o1, o2, t, m, T, UNIFORM, FP64)
-            elif MODE == GAE_BWD or MODE == TD_BWD:
-                alpha, beta, v, p1, cut = _returns_bwd(X, V, TERM, TRUNC, G, LM, g, lm, LO, STR,
-                                                  o1, o2, t, m, UNIFORM, FP64, MODE == GAE_BWD)
+                    STR, o1, o2, tn, mn, T, MODE, REVERSE, UNIFORM, FP64)
             else:
-                tl.static_assert(MODE == VTRACE_BWD)
-                alpha, beta, v, p0, p1, vnext, cont, extra, cut = _vtrace_bwd(
-                    X, V, TERM, TRUNC, RHO, G, LM, RB, CB, PB, g, lm, rb, cb, pb, LO, STR,
-                    o1, o2, t, m, UNIFORM, FP64)
+                alpha, beta, v, p0, p1, vnext, cont, extra, cut = _build(
+                    X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
+                    STR, o1, o2, t, m, T, MODE, REVERSE, UNIFORM, FP64)
             alpha = tl.where(m, alpha, 0.0)
             beta = tl.where(m, beta, 1.0)
             A, B = tl.associative_scan((alpha, beta), 1, _combine, reverse=REVERSE and not FLIP)

@@ -240,7 +240,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
                   BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_S=2, STAGES=stages,
                   LOOK_W=tune.look_window, ONE=S == 1 and block_t >= T,
                   PREFETCH=tune.prefetch if device.type == "cuda" else 0,
-                  FLIP=False, EVEN=False,
+                  FLIP=False, EVEN=False, PIPE=False,
                   I64=tune.wide_index or _reach(strides, sizes3, block_n, block_t) >= 2**31)
     grid = (triton.cdiv(N, block_n), S)
     ws_spec = None
@@ -264,6 +264,13 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
     launched = []
     for phase in phases:
         c = {**consts, "PHASE": phase}
+        if phase in (0, 1, 2) and scalar_n and not c["ONE"]:
+            # measured on the H100 (docs/notes.md, "The next chunk's loads first"):
+            # TD(lambda) 0.53-0.83x, traces 0.92-1.0x; GAE 1.04-1.13x, V-trace 0.89-1.08x
+            pipe = tune.pipe
+            if pipe is None:
+                pipe = mode in (_table.MODE_TDLAMBDA, _table.MODE_TRACE)
+            c["PIPE"] = pipe
         if phase == 4:
             # measured on the H100 (docs/notes.md, "Time-major tiles without bounds"): the
             # look-back's one chunk per program 1.25-1.5x faster at 4096x128 time-major

@@ -252,6 +252,44 @@ def test_time_major_tiles_of_the_sweep(name, tile, device, gen, monkeypatch, tun
                                     for k, v in kw.items()}), 1e-5)
 
 
+@pytest.mark.parametrize("seg", [None, 32])
+@pytest.mark.parametrize("name", ["lambda_returns", "discounted_returns", "episodic_cumsum",
+                                  "eligibility_traces", "gae", "vtrace", "retrace",
+                                  "linear_recurrence_fwd"])
+def test_time_major_loops_build_the_next_chunk_first(name, seg, gen, monkeypatch, tuned):
+    """PIPE (the next chunk's coefficients built before this chunk's scan and stores, in
+    the time-major loops over chunks) gives the reference's numbers, in one pass and in
+    segments (PHASE 1 and 2), where the plan takes it and where forced; the launches are
+    checked to have taken it."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only on the CPU")
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    if name in ("gae", "vtrace", "retrace", "linear_recurrence_fwd"):
+        tuned(pipe=True)  # not the plan's choice for these modes
+    tuned(cached_launch=False)
+    tuned(segment_len=seg)
+    tuned(look_back=False)
+    seen = []
+    real = _launch.launch
+
+    def spy(*a, **k):
+        res = real(*a, **k)
+        seen.extend(c for _, _, c in res[3])
+        return res
+
+    monkeypatch.setattr(_launch, "launch", spy)
+    # [N, T] = [40, 70] with time-major memory: 5 chunks of 16 steps, the last partial
+    x = [a.t().contiguous().t() if a.dim() == 2 else a for a in _inputs(gen, (40, 70), "cpu")]
+    fn, rfn, args, kw = CASES[name](*x)
+    _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
+    loops = [c for c in seen if c["PHASE"] in (0, 1, 2)]
+    assert loops and all(c["PIPE"] and c["SCALAR_N"] for c in loops), seen
+    if seg is not None:
+        assert {c["PHASE"] for c in seen} == {1, 2, 3}, seen
+
+
 def _misaligned(a):
     buf = torch.empty(a.numel() * a.element_size() + 16, dtype=torch.uint8, device=a.device)
     out = buf[a.element_size():a.element_size() * (a.numel() + 1)].view(a.dtype).view(a.shape)
