@@ -35,6 +35,12 @@ def _bind():
     api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
     if _cscan is None or api is None or not _cscan.bind(torch.Tensor, api, torch.empty):
         return None
+    try:  # the block cache's outputs made in C (where both extensions are built)
+        from rl_triton_core.token import _ctoken
+    except ImportError:
+        _ctoken = None
+    if _ctoken is not None and hasattr(_ctoken, "blocks_api"):
+        _cscan.bind_blocks(_host, _ctoken, torch.float32, torch.float64)
     return _cscan.replay
 
 

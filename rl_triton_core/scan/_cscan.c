@@ -1926,9 +1926,140 @@ static PyObject *recording(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return PyBytes_FromStringAndSize((const char *)&rp, sizeof(rp));
 }
 
+/* Large outputs straight from the block cache (_ctoken's blocks_api), as torch tensors
+ * made through DLPack (torch's managed_tensor_to_py_object_no_sync): what _host.empty
+ * gives, without its Python calls (after other work, two [4096, 128] outputs took 45-52
+ * us through _host.empty on the 2-core VM; torch.frombuffer and view alone 13-16). The
+ * tensor owns a DLManagedTensorVersioned whose deleter returns the block. */
+typedef struct dl_managed {
+    dl_version_t version;
+    void *manager_ctx;
+    void (*deleter)(struct dl_managed *);
+    uint64_t flags;
+    dl_tensor_t dl_tensor;
+} dl_managed_t;
+typedef struct {
+    void *(*get)(size_t size, size_t *cap, size_t *off);
+    void (*put)(void *mem, size_t cap);
+} blocks_api_t;
+typedef struct {
+    dl_managed_t m;
+    void *mem;
+    size_t cap;
+    int64_t shape[KEY_DIMS], strides[KEY_DIMS];
+} out_block_t;
+static const blocks_api_t *blocks_api; /* NULL: outputs through the recorded allocator */
+static PyObject *host_dict, *host_empty, *blocks_module, *dt_f32, *dt_f64, *s_blocks;
+
+static void out_block_free(dl_managed_t *self) {
+    out_block_t *o = (out_block_t *)self;
+    blocks_api->put(o->mem, o->cap);
+    free(o);
+}
+
+/* The output as a block-cache tensor, or NULL with *done = 0 where this does not apply
+ * (another allocator, the cache off or swapped, another dtype), or NULL with *done = 1
+ * and an error set */
+static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype, char **data,
+                              int *done) {
+    *done = 0;
+    if (!blocks_api || alloc != host_empty || (dtype != dt_f32 && dtype != dt_f64) ||
+        !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > KEY_DIMS ||
+        !dl_api->managed_tensor_to_py_object_no_sync)
+        return NULL;
+    PyObject *blocks = PyDict_GetItemWithError(host_dict, s_blocks); /* _host._BLOCKS */
+    if (blocks != blocks_module) return NULL;
+    *done = 1;
+    const int nd = (int)PyTuple_GET_SIZE(shape);
+    const int64_t item = dtype == dt_f32 ? 4 : 8;
+    out_block_t *o = (out_block_t *)calloc(1, sizeof(out_block_t));
+    if (!o) return PyErr_NoMemory();
+    int64_t numel = 1;
+    for (int i = 0; i < nd; i++) {
+        o->shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+        if (o->shape[i] < 0) {
+            free(o);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a negative size");
+            return NULL;
+        }
+        numel *= o->shape[i];
+    }
+    for (int i = nd - 1, st = 1; i >= 0; i--) { /* contiguous */
+        o->strides[i] = st;
+        st *= o->shape[i] > 0 ? o->shape[i] : 1;
+    }
+    size_t off = 0;
+    o->mem = blocks_api->get((size_t)(numel * item), &o->cap, &off);
+    if (!o->mem) {
+        free(o);
+        return PyErr_NoMemory();
+    }
+    o->m.version.major = 1;
+    o->m.version.minor = 0;
+    o->m.manager_ctx = o;
+    o->m.deleter = out_block_free;
+    o->m.dl_tensor.data = (char *)o->mem + off;
+    o->m.dl_tensor.device.device_type = DL_CPU;
+    o->m.dl_tensor.ndim = nd;
+    o->m.dl_tensor.dtype.code = 2; /* kDLFloat */
+    o->m.dl_tensor.dtype.bits = (uint8_t)(8 * item);
+    o->m.dl_tensor.dtype.lanes = 1;
+    o->m.dl_tensor.shape = o->shape;
+    o->m.dl_tensor.strides = o->strides;
+    void *t = NULL;
+    int (*to_py)(void *, void **) = (int (*)(void *, void **))dl_api->managed_tensor_to_py_object_no_sync;
+    if (to_py(&o->m, &t) || !t) { /* the tensor was not made: torch called the deleter */
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "DLPack import failed");
+        return NULL;
+    }
+    *data = (char *)o->m.dl_tensor.data;
+    return (PyObject *)t;
+}
+
+/* bind_blocks(_host, _ctoken, torch.float32, torch.float64): large outputs of the
+ * replay from the block cache through DLPack, where _host.empty would give them */
+static PyObject *bind_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyModule_Check(args[0]) || !PyModule_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_cscan.bind_blocks(_host, _ctoken, torch.float32, torch.float64)");
+        return NULL;
+    }
+#ifdef _WIN32 /* the cache has no lock there: its blocks go back under the GIL only */
+    Py_RETURN_FALSE;
+#endif
+    PyObject *cap = PyObject_GetAttrString(args[1], "blocks_api");
+    if (!cap) return NULL;
+    const blocks_api_t *api = PyCapsule_GetPointer(cap, "rl_triton_core._ctoken.blocks_api");
+    Py_DECREF(cap);
+    if (!api) return NULL;
+    PyObject *d = PyModule_GetDict(args[0]); /* borrowed */
+    PyObject *e = PyDict_GetItemString(d, "empty");
+    if (!e) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.bind_blocks: _host has no empty");
+        return NULL;
+    }
+    if (!s_blocks && !(s_blocks = PyUnicode_InternFromString("_BLOCKS"))) return NULL;
+    Py_INCREF(d);
+    Py_INCREF(e);
+    Py_INCREF(args[1]);
+    Py_INCREF(args[2]);
+    Py_INCREF(args[3]);
+    Py_XSETREF(host_dict, d);
+    Py_XSETREF(host_empty, e);
+    Py_XSETREF(blocks_module, args[1]);
+    Py_XSETREF(dt_f32, args[2]);
+    Py_XSETREF(dt_f64, args[3]);
+    blocks_api = api;
+    Py_RETURN_TRUE;
+}
+
 /* out = alloc(shape, dtype=dtype) (torch.empty, or _host.empty for a large output) and
  * its data pointer, or NULL */
 static PyObject *new_output(PyObject *alloc, PyObject *shape, PyObject *dtype, char **data) {
+    int done;
+    PyObject *b = block_output(alloc, shape, dtype, data, &done);
+    if (b || done) return b;
+    if (PyErr_Occurred()) return NULL;
     PyObject *call[2] = {shape, dtype};
     PyObject *t = PyObject_Vectorcall(alloc, call, 1, kw_dtype);
     if (!t) return NULL;
@@ -2427,6 +2558,9 @@ static PyMethodDef methods[] = {
      "bind(torch.Tensor, torch.Tensor.__dlpack_c_exchange_api__, torch.empty): what replay() "
      "needs of torch; False (replay() then always returns None) where the table is missing "
      "or of another DLPack major version."},
+    {"bind_blocks", (PyCFunction)(void (*)(void))bind_blocks, METH_FASTCALL,
+     "bind_blocks(_host, _ctoken, torch.float32, torch.float64): replay() makes the large "
+     "outputs _host.empty would give from the block cache itself, through DLPack."},
     {"key", (PyCFunction)(void (*)(void))key, METH_FASTCALL,
      "key(prefix, args, time_dim, tuning): the key replay() looks a call up by (bytes), "
      "or None where the call has none."},

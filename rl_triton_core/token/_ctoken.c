@@ -1658,6 +1658,23 @@ typedef struct {
 static const size_t block_colors[2] = {2048 + 64, 3072 + 64};
 static unsigned block_turn;
 
+/* size bytes from the cache (or fresh) and where in the block they start (call it with
+   the GIL held: the color's turn); NULL where out of memory */
+static void *blocks_get(size_t size, size_t *cap, size_t *off) {
+    void *mem = pool_get(size + BLOCK_COLOR_SPAN, cap);
+    if (mem) /* the first byte at the color's place in a 4 KiB page */
+        *off = (block_colors[block_turn++ & 1] - ((uintptr_t)mem & 4095)) & 4095;
+    return mem;
+}
+
+/* The cache to other C code (the scan's replay makes its outputs from it, through
+   DLPack, without Python): the capsule "blocks_api" of this module. put() needs no GIL. */
+typedef struct {
+    void *(*get)(size_t size, size_t *cap, size_t *off);
+    void (*put)(void *mem, size_t cap);
+} blocks_api_t;
+static const blocks_api_t blocks_api = {blocks_get, pool_put};
+
 static int block_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     Block *b = (Block *)self;
     return PyBuffer_FillInfo(view, self, (char *)b->mem + b->off, b->size, 0, flags);
@@ -1691,14 +1708,12 @@ static PyObject *empty(PyObject *self, PyObject *arg) {
         return NULL;
     b->size = size;
     b->off = 0;
-    b->mem = pool_get((size_t)size + BLOCK_COLOR_SPAN, &b->cap);
+    b->mem = blocks_get((size_t)size, &b->cap, &b->off);
     if (!b->mem) {
         b->cap = 0;
         Py_DECREF(b);
         return PyErr_NoMemory();
     }
-    /* (under the GIL) the first byte at the color's place in a 4 KiB page */
-    b->off = (block_colors[block_turn++ & 1] - ((uintptr_t)b->mem & 4095)) & 4095;
     return (PyObject *)b;
 }
 
@@ -1792,5 +1807,14 @@ PyMODINIT_FUNC PyInit__ctoken(void) {
     BlockType.tp_doc = "A block of output memory; back to the cache when freed.";
     if (PyType_Ready(&BlockType) < 0)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    PyObject *cap = PyCapsule_New((void *)&blocks_api, "rl_triton_core._ctoken.blocks_api", NULL);
+    if (!cap || PyModule_AddObject(m, "blocks_api", cap) < 0) {
+        Py_XDECREF(cap);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -85,8 +85,9 @@ def test_only_large_outputs_come_from_the_cache():
 def test_outputs_start_away_from_where_inputs_start():
     """A cached output starts 2 or 3 KiB (+64 bytes) past a 4 KiB boundary, the two of a
     call at different ones: never at the page offsets where torch's and numpy's large
-    tensors start (0, 16, 64), where a kernel's loads of the inputs would alias the
-    stores of the outputs in the low 12 address bits and stall."""
+    tensors start (0, 16, 64; glibc may place one elsewhere inside a freed chunk, so
+    the inputs' offsets are not asserted), where a kernel's loads of the inputs would
+    alias the stores of the outputs in the low 12 address bits and stall."""
     _blocks()
     g = torch.Generator().manual_seed(1)
     r, v, term = _case(g)
@@ -94,6 +95,40 @@ def test_outputs_start_away_from_where_inputs_start():
         adv, ret = rc.gae(r, v, term, time_dim=-1)
         offs = {adv.data_ptr() % 4096, ret.data_ptr() % 4096}
         assert offs == {2048 + 64, 3072 + 64}
-        assert all(t.data_ptr() % 4096 not in offs for t in (r, v))
         adv, ret = rc.masked_gae(r, v, ~term, time_dim=-1)
         assert {adv.data_ptr() % 4096, ret.data_ptr() % 4096} == {2048 + 64, 3072 + 64}
+
+
+def test_the_replay_makes_its_outputs_in_c(monkeypatch):
+    """A repeated call (the C replay) takes its outputs from the block cache itself,
+    through DLPack, without _host.empty's Python calls: no torch.frombuffer; the blocks
+    colored as _host.empty colors them, returned to the cache when freed, and the values
+    those of the first (Python) call. With the cache swapped out (``_host._BLOCKS``) the
+    replay uses the recorded allocator again."""
+    from rl_triton_core.scan import _cpu_c
+
+    blocks = _blocks()
+    if _cpu_c.replay is None or not hasattr(blocks, "blocks_api"):
+        pytest.skip("no C replay, or a _ctoken without blocks_api")
+    g = torch.Generator().manual_seed(2)
+    r, v, term = _case(g)
+    first = rc.gae(r, v, term, gamma=0.95, lmbda=0.9, time_dim=-1)  # recorded (Python)
+    made = []
+    real = torch.frombuffer
+    monkeypatch.setattr(torch, "frombuffer", lambda *a, **k: made.append(1) or real(*a, **k))
+    for _ in range(3):
+        held = blocks.cache_info()["blocks"]
+        adv, ret = rc.gae(r, v, term, gamma=0.95, lmbda=0.9, time_dim=-1)
+        assert not made
+        assert torch.equal(adv, first[0]) and torch.equal(ret, first[1])
+        assert {adv.data_ptr() % 4096, ret.data_ptr() % 4096} == {2048 + 64, 3072 + 64}
+        assert adv.shape == r.shape and adv.is_contiguous() and not adv.requires_grad
+        assert not adv.untyped_storage().resizable()
+        adv.fill_(float("nan"))
+        taken = blocks.cache_info()["blocks"]
+        del adv, ret
+        assert blocks.cache_info()["blocks"] == taken + 2 and taken <= held
+    with monkeypatch.context() as m:
+        m.setattr(_host, "_BLOCKS", False)
+        adv, ret = rc.gae(r, v, term, gamma=0.95, lmbda=0.9, time_dim=-1)
+    assert torch.equal(adv, first[0]) and adv.untyped_storage().resizable()  # torch.empty's
