@@ -274,9 +274,10 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         if phase == 4:
             # measured on the H100 (docs/notes.md, "Time-major tiles without bounds"): the
             # look-back's one chunk per program 1.25-1.5x faster at 4096x128 time-major
-            # with both; in the loops over chunks (PHASE 0-2) either was up to 1.5x slower
+            # with both; in the loops over chunks (PHASE 0-2) either was up to 1.5x slower;
+            # batch-major tiles were not measured with them
             c["FLIP"] = reverse and scalar_n and tune.flip
-            c["EVEN"] = tune.even and N % block_n == 0 and T % block_t == 0
+            c["EVEN"] = scalar_n and tune.even and N % block_n == 0 and T % block_t == 0
         pgrid = grid
         if phase == 3:  # the middle pass: one program per stream block, BLOCK_S maps a step
             pgrid = (grid[0], 1)

@@ -97,9 +97,9 @@ def test_look_back_non_finite_stays_local(reverse, lb):
                                   "linrec_forward"])
 @pytest.mark.parametrize("layout", [((64, 64), 0), ((64, 64), -1)])
 def test_look_back_whole_tiles(case, layout, monkeypatch, tuned):
-    """Whole stream blocks and chunks (no bounds: EVEN), and time-major reverse scans over
+    """Time-major: whole stream blocks and chunks (no bounds: EVEN), and reverse scans over
     columns in scan order (FLIP), against the float64 reference; the launch is checked to
-    have taken them, so this cannot pass on the bounded tile."""
+    have taken them, so this cannot pass on the bounded tile (batch-major: neither)."""
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
     tuned(segment_len=16)
     tuned(look_back=True)
@@ -126,5 +126,5 @@ def test_look_back_whole_tiles(case, layout, monkeypatch, tuned):
     want = want if isinstance(want, tuple) else (want,)
     for o, w in zip(out, want):
         torch.testing.assert_close(o.double(), w, rtol=1e-4, atol=1e-4 * float(w.abs().max()))
-    assert seen and all(c["PHASE"] == 4 and c["EVEN"] for c in seen), seen
+    assert seen and all(c["PHASE"] == 4 and c["EVEN"] == (td == 0) for c in seen), seen
     assert all(c["FLIP"] == (td == 0 and c["REVERSE"]) for c in seen), seen
