@@ -46,8 +46,8 @@ class Tuning:
         flip: the look-back's time-major reverse scans load each chunk latest step first
             and scan forward (no cross-warp reversal of every value); False: Triton's
             reverse scan (``RL_TRITON_CORE_FLIP=0``).
-        even: the look-back's time-major tiles without bounds where every stream block is full and
-            T a whole number of chunks (``RL_TRITON_CORE_EVEN=0``: bounded).
+        even: the look-back's time-major tiles without bounds where every stream block is
+            full and T a whole number of chunks (``RL_TRITON_CORE_EVEN=0``: bounded).
         pipe: the time-major loops over chunks build the next chunk's coefficients (its
             loads) before this chunk's scan and stores: True everywhere, False nowhere,
             None where measured faster (TD(lambda) and discounted returns, traces and
