@@ -8,8 +8,10 @@ sweeps, tests and bug reports, not something a user needs to set::
         rc.gae(r, v, term, time_dim=-1)
     rc.current_tuning()                   # the Tuning in effect
 
-Two knobs also read the environment once, at import: ``RL_TRITON_CORE_FASTPATH=0``
-(``cached_launch=False``) and ``RL_TRITON_CORE_LOOKBACK=1|0`` (``look_back``).
+Some knobs' defaults read the environment once, at import: ``RL_TRITON_CORE_FASTPATH=0``
+(``cached_launch=False``), ``RL_TRITON_CORE_LOOKBACK=1|0`` (``look_back``),
+``RL_TRITON_CORE_FUSED_ACTIONS=1|0`` (``fused_actions``), ``RL_TRITON_CORE_FLIP=0``,
+``RL_TRITON_CORE_EVEN=0`` and ``RL_TRITON_CORE_PIPE=1|0`` (``flip``, ``even``, ``pipe``).
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ class Tuning:
         os.environ.get("RL_TRITON_CORE_FUSED_ACTIONS", ""))
 
     def __post_init__(self):
+        p = self.prefetch
+        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+            raise ValueError(f"prefetch must be a whole number of chunks >= 0, got {p!r}")
         w = self.look_window
         if isinstance(w, bool) or not isinstance(w, int) or w < 2 or w & (w - 1):
             raise ValueError(f"look_window must be a power of two >= 2, got {w!r}")

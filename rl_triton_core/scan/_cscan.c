@@ -1984,7 +1984,8 @@ static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype,
         }
         numel *= o->shape[i];
     }
-    for (int i = nd - 1, st = 1; i >= 0; i--) { /* contiguous */
+    int64_t st = 1;
+    for (int i = nd - 1; i >= 0; i--) { /* contiguous */
         o->strides[i] = st;
         st *= o->shape[i] > 0 ? o->shape[i] : 1;
     }
@@ -2008,8 +2009,11 @@ static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype,
     o->m.dl_tensor.strides = o->strides;
     void *t = NULL;
     int (*to_py)(void *, void **) = (int (*)(void *, void **))dl_api->managed_tensor_to_py_object_no_sync;
-    if (to_py(&o->m, &t) || !t) { /* the tensor was not made: torch called the deleter */
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "DLPack import failed");
+    if (to_py(&o->m, &t) || !t) {
+        /* not made: the recorded allocator instead (the block may leak, where torch failed
+           before it took the deleter: safer than a double free) */
+        PyErr_Clear();
+        *done = 0;
         return NULL;
     }
     *data = (char *)o->m.dl_tensor.data;

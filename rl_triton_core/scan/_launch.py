@@ -172,10 +172,10 @@ def _relevant(strides, sizes):
 
 def _reach(strides: dict, sizes3, block_n: int, block_t: int) -> int:
     """A bound on every element offset the kernel forms (masked ones included: a tile's
-    rows and a chunk's steps past the end, V_{t+1}): int32 offsets do where it is below
-    2**31."""
+    rows and a chunk's steps past the end, V_{t+1}, and the chunk after the last that
+    PIPE builds): int32 offsets do where it is below 2**31."""
     n1, n2, t = sizes3
-    pads = (n1 + block_n, n2 + block_n, t + block_t + 1)
+    pads = (n1 + block_n, n2 + block_n, t + 2 * block_t + 1)
     return max(sum(p * abs(s) for p, s in zip(pads, st)) for st in strides.values())
 
 
@@ -239,7 +239,8 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
     consts = dict(MODE=mode, REVERSE=reverse, UNIFORM=uniform, FP64=fp64, SCALAR_N=scalar_n,
                   BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_S=2, STAGES=stages,
                   LOOK_W=tune.look_window, ONE=S == 1 and block_t >= T,
-                  PREFETCH=tune.prefetch if device.type == "cuda" else 0,
+                  PREFETCH=tune.prefetch if device.type == "cuda" and not torch.version.hip
+                  else 0,  # (inline PTX)
                   FLIP=False, EVEN=False, PIPE=False,
                   I64=tune.wide_index or _reach(strides, sizes3, block_n, block_t) >= 2**31)
     grid = (triton.cdiv(N, block_n), S)

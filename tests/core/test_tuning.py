@@ -42,6 +42,9 @@ def test_tuning_blocks_nest_decorate_and_restore():
     assert nested(2).cpu_threads == 3 and rc.current_tuning() is base
     with pytest.raises(ValueError, match="look_window"), rc.tuning(look_window=3):
         pass
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="prefetch"), rc.tuning(prefetch=bad):
+            pass
     assert rc.current_tuning() is base
 
 
