@@ -250,6 +250,23 @@ def python_plans():
     return [p for k, p in _dispatch._PLANS.items() if type(k) is not bytes]
 
 
+def spy_launch_consts(monkeypatch):
+    """A list that collects the constexprs of every kernel each ``_launch.launch`` call
+    starts (one dict per phase), from now on."""
+    from rl_triton_core.scan import _launch
+
+    seen = []
+    real = _launch.launch
+
+    def spy(*a, **k):
+        res = real(*a, **k)
+        seen.extend(c for _, _, c in res[3])
+        return res
+
+    monkeypatch.setattr(_launch, "launch", spy)
+    return seen
+
+
 def spy_c_replay(monkeypatch, sink):
     """Append each result of the C replay that is not None (a replayed call, CPU or
     CUDA) to ``sink`` (anything with ``append``); a no-op where the C replay is not

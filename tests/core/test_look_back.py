@@ -9,6 +9,7 @@ import os
 import pytest
 import test_autograd as ta  # a sibling module (rootdir-relative import, as core_testlib)
 import torch
+from core_testlib import spy_launch_consts
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
@@ -96,24 +97,11 @@ def test_look_back_non_finite_stays_local(reverse, lb):
 @pytest.mark.parametrize("case", ["gae_shifted", "lambda_shifted", "vtrace_shifted", "traces",
                                   "linrec_forward"])
 @pytest.mark.parametrize("layout", [((64, 64), 0), ((64, 64), -1)])
-def test_look_back_whole_tiles(case, layout, monkeypatch, tuned):
+def test_look_back_whole_tiles(case, layout, monkeypatch, lb):
     """Time-major: whole stream blocks and chunks (no bounds: EVEN), and reverse scans over
     columns in scan order (FLIP), against the float64 reference; the launch is checked to
     have taken them, so this cannot pass on the bounded tile (batch-major: neither)."""
-    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    tuned(segment_len=16)
-    tuned(look_back=True)
-    tuned(look_window=2)
-    tuned(cached_launch=False)
-    seen = []
-    real = _launch.launch
-
-    def spy(*a, **k):
-        res = real(*a, **k)
-        seen.extend(c for _, _, c in res[3])
-        return res
-
-    monkeypatch.setattr(_launch, "launch", spy)
+    seen = spy_launch_consts(monkeypatch)
     shape, td = layout
     fn, _ = ta.CASES[case]
     inputs = ta._inputs(99, shape, td, "cpu")

@@ -5,6 +5,7 @@ repeated calls (CUDA)."""
 
 import pytest
 import torch
+from core_testlib import spy_launch_consts
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
@@ -201,15 +202,7 @@ def test_whole_row_tile_matches_reference(name, wide, gen, monkeypatch, tuned):
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
     tuned(cached_launch=False)
     tuned(wide_index=wide)
-    seen = []
-    real = _launch.launch
-
-    def spy(*a, **k):
-        res = real(*a, **k)
-        seen.extend(c for _, _, c in res[3])
-        return res
-
-    monkeypatch.setattr(_launch, "launch", spy)
+    seen = spy_launch_consts(monkeypatch)
     fn, rfn, args, kw = CASES[name](*_inputs(gen, (5, 300), "cpu"))
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
     assert [(c["BLOCK_N"], c["BLOCK_T"], c["PHASE"], c["ONE"], c["I64"]) for c in seen] == [
@@ -272,15 +265,7 @@ def test_time_major_loops_build_the_next_chunk_first(name, seg, gen, monkeypatch
     tuned(cached_launch=False)
     tuned(segment_len=seg)
     tuned(look_back=False)
-    seen = []
-    real = _launch.launch
-
-    def spy(*a, **k):
-        res = real(*a, **k)
-        seen.extend(c for _, _, c in res[3])
-        return res
-
-    monkeypatch.setattr(_launch, "launch", spy)
+    seen = spy_launch_consts(monkeypatch)
     # [N, T] = [40, 70] with time-major memory: 5 chunks of 16 steps, the last partial
     x = [a.t().contiguous().t() if a.dim() == 2 else a for a in _inputs(gen, (40, 70), "cpu")]
     fn, rfn, args, kw = CASES[name](*x)
