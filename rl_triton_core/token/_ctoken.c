@@ -85,7 +85,8 @@ typedef struct {
     double *stats; /* [n][3] */
     int wmode, unbiased, shift, has_fill;
     double count_eps, eps, fill, mu, rstd;
-    int vec; /* the padded scan's vector path: 3 float32 on AVX-512, 2 AVX-512, 1 AVX2, 0 none */
+    int vec; /* the padded scan's vector path: 4 the float32 row walk, 3 float32 in 16 lanes
+                (both AVX-512), 2 AVX-512, 1 AVX2, 0 none */
     int nt;  /* ... and streams its float32 outputs to memory (large data, aligned rows) */
 } Ctx;
 
@@ -1130,6 +1131,190 @@ CT_AVX512_FN CT_INLINE void vec_group16(const Ctx *c, Py_ssize_t first, int nl, 
     }
 }
 
+/* ------------------------------------------------------------------ float32 row walk */
+
+/* The same float32 computation one response at a time, 16 tokens a register: where the
+ * responses are rows of a padded batch, vec_group16 reads 16 rows at once (80 streams of
+ * lines a thread, with the outputs), which this memory serves at 1.3-1.6x the time it
+ * takes for the same bytes read in order (2-core EPYC VM, docs/notes.md); the walk reads
+ * each array of one response in order, last token first.
+ *
+ * In a block of 16 tokens the tokens that take part in the recurrence (K: the valid ones
+ * where masked tokens are skipped, all of them where they are zeroed) are compressed to
+ * the low lanes (vcompressps), so the recurrence has one coefficient, cf (gamma lambda
+ * for GAE, gamma for the returns):  x_j = delta_j + cf x_{j+1},  x_cnt = the carry from
+ * the block above. Four rounds (x_j += cf^s x_{j+s}, s = 1, 2, 4, 8) and the carry times
+ * cf^(cnt - j) give every x_j; token t's output is x at the number of scanning tokens
+ * before t (the next one's value for a skipped token, the carry past the last). GAE's
+ * next value is the compressed values shifted down one lane, the block above's first
+ * value past the last. Float32 with fused multiply-adds, as vec_group16; the rounds add
+ * in another order, so its bits are its own (within float32 rounding of the others;
+ * tests/core/test_token_ckernel.py). Needs AVX-512 VPOPCNTDQ (the counts); use_walk(False)
+ * takes vec_group16 instead. */
+#define CT_WALK_FN __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx512vpopcntdq,avx2")))
+#ifndef WALK_FOLD
+#define WALK_FOLD 16 /* blocks a lane's float32 statistics add before they go to float64 */
+#endif
+static int use_walk_path = 1;
+static int simd_have(void);
+
+static int walk_have(void) {
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = simd_have() == 2 && __builtin_cpu_supports("avx512vpopcntdq");
+    }
+    return known;
+}
+
+CT_WALK_FN CT_INLINE __m512 lanes_up(__m512 x, const int s) { /* lane j <- lane j + s, 0 past 15 */
+    __m512i z = _mm512_setzero_si512(), xi = _mm512_castps_si512(x);
+    switch (s) {
+    case 1: return _mm512_castsi512_ps(_mm512_alignr_epi32(z, xi, 1));
+    case 2: return _mm512_castsi512_ps(_mm512_alignr_epi32(z, xi, 2));
+    case 4: return _mm512_castsi512_ps(_mm512_alignr_epi32(z, xi, 4));
+    default: return _mm512_castsi512_ps(_mm512_alignr_epi32(z, xi, 8));
+    }
+}
+
+typedef struct {
+    __m512 pw[4]; /* cf, cf^2, cf^4, cf^8 */
+    float rv[32] __attribute__((aligned(64))); /* rv[m] = cf^(16 - m), 0 past m = 16 */
+} WalkK;
+
+CT_WALK_FN CT_INLINE void walk_one(const Ctx *c, const WalkK *W, Py_ssize_t i, const int MODE,
+                                   const int STATS_ON) {
+    Py_ssize_t row, s, n;
+    where(c, i, &row, &s, &n);
+    const Arr *M = &c->m;
+    const int gae = MODE == GAE_SKIP || MODE == GAE_MUL;
+    const int skip = MODE == GAE_SKIP || MODE == RET_SKIP;
+    const float *pr = (const float *)(c->r.p + row * c->r.rs + s * 4);
+    const float *pv = (const float *)(c->v.p + row * c->v.rs + s * 4);
+    const char *pm = M->p + row * M->rs + s * M->ts;
+    float *p0 = (float *)(c->o0.p + row * c->o0.rs + s * 4);
+    float *p1 = (float *)(c->o1.p + row * c->o1.rs + s * 4);
+    const int NT = c->nt && c->rows == NULL;
+    const __m512 g = _mm512_set1_ps((float)c->g), zero = _mm512_setzero_ps();
+    const __m512i before = _mm512_setr_epi32(0x0, 0x1, 0x3, 0x7, 0xf, 0x1f, 0x3f, 0x7f, 0xff,
+                                             0x1ff, 0x3ff, 0x7ff, 0xfff, 0x1fff, 0x3fff, 0x7fff);
+    const __m512i lane0 = _mm512_setzero_si512();
+    __m512 carry = zero, nv = zero, kkv = zero, s1 = zero, s2 = zero, cn = zero;
+    __m512d d1 = _mm512_setzero_pd(), d2 = d1, dc = d1;
+    int seen = 0, fold = 0;
+    Py_ssize_t b = 0;
+    int kn = 0;
+    if (n > 0)
+        top_block(n, 16, &b, &kn);
+    for (; n > 0 && b >= 0; b -= 16, kn = 16) {
+        const __mmask16 km = (__mmask16)(kn == 16 ? 0xffffu : (1u << kn) - 1u);
+        __m512 rt = _mm512_maskz_loadu_ps(km, pr + b);
+        __m512 vt = gae ? _mm512_maskz_loadu_ps(km, pv + b) : zero;
+        const __mmask16 k = (__mmask16)(mask16(M, pm, b, kn) & km);
+        const __mmask16 K = skip ? k : km;
+        if (!skip) {
+            rt = _mm512_maskz_mov_ps(k, rt);
+            if (gae)
+                vt = _mm512_maskz_mov_ps(k, vt);
+        }
+        const int cnt = __builtin_popcount((unsigned)K);
+        __m512 x;
+        if (gae) {
+            const __mmask16 low = (__mmask16)((1u << cnt) - 1u);
+            __m512 cv = _mm512_mask_mov_ps(nv, low, _mm512_maskz_compress_ps(K, vt));
+            __m512 nxt = _mm512_castsi512_ps(
+                _mm512_alignr_epi32(_mm512_castps_si512(nv), _mm512_castps_si512(cv), 1));
+            x = _mm512_maskz_sub_ps(low, _mm512_fmadd_ps(g, nxt, _mm512_maskz_compress_ps(K, rt)),
+                                    cv);
+            nv = _mm512_permutexvar_ps(lane0, cv);
+        } else {
+            x = _mm512_maskz_compress_ps(K, rt);
+        }
+        x = _mm512_fmadd_ps(W->pw[0], lanes_up(x, 1), x);
+        x = _mm512_fmadd_ps(W->pw[1], lanes_up(x, 2), x);
+        x = _mm512_fmadd_ps(W->pw[2], lanes_up(x, 4), x);
+        x = _mm512_fmadd_ps(W->pw[3], lanes_up(x, 8), x);
+        x = _mm512_fmadd_ps(_mm512_loadu_ps(W->rv + 16 - cnt), carry, x);
+        carry = _mm512_permutexvar_ps(lane0, x);
+        __m512i at = _mm512_popcnt_epi32(_mm512_and_si512(_mm512_set1_epi32((int)K), before));
+        __m512 y = _mm512_permutexvar_ps(at, x);
+        if (MODE == RET_SKIP)
+            y = _mm512_maskz_mov_ps(k, y);
+        if (kn < 16) {
+            _mm512_mask_storeu_ps(p0 + b, km, y);
+            if (gae)
+                _mm512_mask_storeu_ps(p1 + b, km, _mm512_add_ps(y, vt));
+        } else if (NT) {
+            _mm512_stream_ps(p0 + b, y);
+            if (gae)
+                _mm512_stream_ps(p1 + b, _mm512_add_ps(y, vt));
+        } else {
+            _mm512_storeu_ps(p0 + b, y);
+            if (gae)
+                _mm512_storeu_ps(p1 + b, _mm512_add_ps(y, vt));
+        }
+        if (STATS_ON) {
+            if (!seen && k) { /* the first valid output in scan order: the shift */
+                kkv = _mm512_permutexvar_ps(_mm512_set1_epi32(31 - __builtin_clz((unsigned)k)), y);
+                seen = 1;
+            }
+            __m512 d = _mm512_maskz_sub_ps(k, y, kkv);
+            s1 = _mm512_add_ps(s1, d);
+            s2 = _mm512_fmadd_ps(d, d, s2);
+            cn = _mm512_mask_add_ps(cn, k, cn, _mm512_set1_ps(1.0f));
+            if (++fold == WALK_FOLD) {
+                fold = 0;
+                d1 = _mm512_add_pd(d1, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(s1)),
+                                                     _mm512_cvtps_pd(_mm512_extractf32x8_ps(s1, 1))));
+                d2 = _mm512_add_pd(d2, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(s2)),
+                                                     _mm512_cvtps_pd(_mm512_extractf32x8_ps(s2, 1))));
+                dc = _mm512_add_pd(dc, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(cn)),
+                                                     _mm512_cvtps_pd(_mm512_extractf32x8_ps(cn, 1))));
+                s1 = s2 = cn = zero;
+            }
+        }
+    }
+    if (STATS_ON) {
+        d1 = _mm512_add_pd(d1, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(s1)),
+                                             _mm512_cvtps_pd(_mm512_extractf32x8_ps(s1, 1))));
+        d2 = _mm512_add_pd(d2, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(s2)),
+                                             _mm512_cvtps_pd(_mm512_extractf32x8_ps(s2, 1))));
+        dc = _mm512_add_pd(dc, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(cn)),
+                                             _mm512_cvtps_pd(_mm512_extractf32x8_ps(cn, 1))));
+        put_stats(c->stats + 3 * i, _mm512_reduce_add_pd(dc), (double)_mm512_cvtss_f32(kkv),
+                  _mm512_reduce_add_pd(d1), _mm512_reduce_add_pd(d2));
+    }
+}
+
+#define WALK_CASE(MODE, ST)                                                              \
+    for (Py_ssize_t i = hi - 1; i >= lo; i--)                                            \
+        walk_one(c, &W, i, MODE, ST);                                                    \
+    break;
+
+CT_WALK_FN static void walk_f32(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
+    WalkK W;
+    const int gae = c->mode == GAE_SKIP || c->mode == GAE_MUL;
+    const double cf = gae ? (double)(float)c->gl : (double)(float)c->g;
+    double p = cf;
+    for (int j = 0; j < 4; j++, p = p * p)
+        W.pw[j] = _mm512_set1_ps((float)p);
+    for (int m = 0; m < 32; m++)
+        W.rv[m] = m > 16 ? 0.0f : (float)pow(cf, 16 - m);
+    switch (c->mode * 2 + (c->want_stats != 0)) {
+    case 0: WALK_CASE(GAE_SKIP, 0)
+    case 1: WALK_CASE(GAE_SKIP, 1)
+    case 2: WALK_CASE(GAE_MUL, 0)
+    case 3: WALK_CASE(GAE_MUL, 1)
+    case 4: WALK_CASE(RET_SKIP, 0)
+    case 5: WALK_CASE(RET_SKIP, 1)
+    case 6: WALK_CASE(RET_MUL, 0)
+    default: WALK_CASE(RET_MUL, 1)
+    }
+    if (c->nt)
+        _mm_sfence();
+}
+#undef WALK_CASE
+
 #define F32_CASE(MODE, ST)                                                               \
     for (Py_ssize_t g0 = hi; g0 > lo; g0 -= 16) {                                        \
         Py_ssize_t first = g0 - 16 < lo ? lo : g0 - 16;                                  \
@@ -1187,6 +1372,10 @@ static int simd_level(void) {
 static void run_phase(const Ctx *c, int phase, Py_ssize_t lo, Py_ssize_t hi) {
     if (phase == PH_SCAN) {
 #if CT_AVX2
+        if (c->vec == 4) {
+            walk_f32(c, lo, hi);
+            return;
+        }
         if (c->vec == 3) {
             scan_f32(c, lo, hi);
             return;
@@ -1518,6 +1707,10 @@ static PyObject *run(PyObject *self, PyObject *args) {
         (!c.has_v || (c.v.kind == K_F4 && c.v.ts == 4)) && c.o0.kind == K_F4 && c.o0.ts == 4 &&
         (!c.has_o1 || (c.o1.kind == K_F4 && c.o1.ts == 4)))
         c.vec = 3;
+#if CT_AVX2
+    if (c.vec == 3 && use_walk_path && walk_have())
+        c.vec = 4; /* ... one response at a time (walk_f32) */
+#endif
     /* streamed stores where the outputs are large (NT_MIN_BYTES): every row of both
        outputs float32, contiguous, on 64-byte lines */
     c.nt = c.vec && c.out_f32 && (double)R * (double)P * 8.0 >= NT_MIN_BYTES &&
@@ -1783,9 +1976,33 @@ static PyObject *use_f32(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(was);
 }
 
+static PyObject *use_walk(PyObject *self, PyObject *arg) {
+    (void)self;
+    int want = PyObject_IsTrue(arg);
+    if (want < 0)
+        return NULL;
+    int was = use_walk_path;
+    use_walk_path = want;
+    return PyBool_FromLong(was);
+}
+
+static PyObject *has_walk(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+#if CT_AVX2
+    return PyBool_FromLong(walk_have());
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"run", run, METH_VARARGS, run_doc},
     {"use_f32", use_f32, METH_O, "Allow the float32 loop (True) or not; returns the previous setting."},
+    {"has_walk", has_walk, METH_NOARGS, "Whether this CPU runs the float32 row walk."},
+    {"use_walk", use_walk, METH_O,
+     "Let the float32 loop walk one response at a time (True; where the CPU has AVX-512 "
+     "VPOPCNTDQ) or take 16 responses a register (False); returns the previous setting."},
     {"simd", simd, METH_NOARGS, "The scan's instruction set here: 'avx512', 'avx2' or 'scalar'."},
     {"use_simd", use_simd, METH_O,
      "use_simd(level): the widest vector path allowed (2 AVX-512, 1 AVX2, 0 scalar); returns "

@@ -48,8 +48,8 @@ def _close(a, b, rtol=2e-5):
 def _both(monkeypatch, fn, *args, **kw):
     """numba's result and the C kernel's float64 loops' (the float32 loop off); the C
     kernel's vector paths (AVX-512, AVX2, scalar: those this CPU has) checked to give the
-    same bits as each other, and the float32 loop (float32 data on AVX-512) within
-    float32 rounding of them."""
+    same bits as each other, and the float32 loop (float32 data on AVX-512), both its
+    forms (the row walk and 16 responses a register), within float32 rounding of them."""
     monkeypatch.setenv(ENV, "numba")
     want = fn(*args, **kw)
     monkeypatch.setenv(ENV, "c")
@@ -63,7 +63,14 @@ def _both(monkeypatch, fn, *args, **kw):
     finally:
         ck.use_simd(was)
         ck.use_f32(f32)
-    assert _close(fn(*args, **kw), got), "the float32 loop is not within float32 rounding"
+    walk = ck.use_walk(True)
+    try:
+        for on in (True, False):  # the float32 loop one response at a time, and 16 a register
+            ck.use_walk(on)
+            assert _close(fn(*args, **kw), got), (
+                f"the float32 loop (walk={on}) is not within float32 rounding")
+    finally:
+        ck.use_walk(walk)
     return want, got
 
 
@@ -324,10 +331,12 @@ def test_streamed_stores_bitwise(monkeypatch):
 
 
 @pytest.mark.skipif(ck.simd() != "avx512", reason="the float32 loop runs on AVX-512 only")
+@pytest.mark.parametrize("walk", [True, False])
 @pytest.mark.parametrize("skip", [True, False])
-def test_float32_loop_against_reference(skip):
-    """The float32 loop (16 responses a register) at verl's defaults (gamma = lambda = 1,
-    the longest sums) against the float64 reference, whitened and not; a partial group
+def test_float32_loop_against_reference(skip, walk):
+    """The float32 loop (one response at a time where the CPU has AVX-512 VPOPCNTDQ, else
+    and with ``walk=False`` 16 responses a register) at verl's defaults (gamma = lambda =
+    1, the longest sums) against the float64 reference, whitened and not; a partial group
     (21 rows) and a partial last block (8190 tokens); and it does run (its bits differ
     from the float64 loop's somewhere)."""
     from rl_triton_core import reference
@@ -339,7 +348,7 @@ def test_float32_loop_against_reference(skip):
     for gamma, lmbda in ((1.0, 1.0), (0.99, 0.95)):
         adv64, ret64 = reference.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip,
                                             time_dim=-1)
-        was = ck.use_f32(True)
+        was, walked = ck.use_f32(True), ck.use_walk(walk)
         try:
             adv, ret = rc.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip, time_dim=-1)
             wht, _ = rc.masked_gae(r, v, m, gamma=gamma, lmbda=lmbda, skip=skip, whiten=True,
@@ -349,7 +358,43 @@ def test_float32_loop_against_reference(skip):
                                        time_dim=-1)
         finally:
             ck.use_f32(was)
+            ck.use_walk(walked)
         assert not torch.equal(adv, adv_f64), "the float32 loop did not run"
         assert _close(adv.double(), adv64, 1e-5) and _close(ret.double(), ret64, 1e-5)
         want = reference.masked_whiten(adv64, m, count_eps=1e-8)
         assert _close(wht.double(), want, 1e-5)
+
+
+@pytest.mark.skipif(not hasattr(ck, "has_walk") or not ck.has_walk(),
+                    reason="the float32 row walk needs AVX-512 VPOPCNTDQ")
+@pytest.mark.parametrize("mdt", [torch.bool, torch.int64, torch.float32])
+def test_row_walk_against_the_group_loop(mdt):
+    """The float32 row walk (one response at a time, the masked tokens compressed out of
+    each 16-token block) against the float32 loop over 16 responses a register, every
+    mode: within float32 rounding, and not the same bits (the walk ran). Lengths around
+    the 16-token blocks, gamma lambda 0 (the rounds' coefficient) and 1, whitened and not,
+    NaN rewards on masked tokens."""
+    g = torch.Generator().manual_seed(21)
+    differs = False
+    for B, T in ((5, 1), (7, 15), (9, 16), (17, 17), (33, 95), (4, 1000)):
+        r, v = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
+        m = _mask(B, T, g, "obs")
+        r = r.masked_fill(~m & (torch.rand(B, T, generator=g) < 0.3), float("nan"))
+        mm = m.to(mdt)
+        for gamma, lmbda in ((1.0, 1.0), (0.99, 0.95), (0.9, 0.0), (0.0, 0.5)):
+            outs = {}
+            for walk in (True, False):
+                was = ck.use_walk(walk)
+                try:
+                    outs[walk] = [
+                        x for skip in (True, False) for whiten in (False, True)
+                        for x in rc.masked_gae(r, v, mm, gamma=gamma, lmbda=lmbda, skip=skip,
+                                               whiten=whiten, count_eps=1e-8, time_dim=-1)
+                    ] + [rc.masked_returns(r, mm, gamma=gamma, skip=skip, time_dim=-1)
+                         for skip in (True, False)]
+                finally:
+                    ck.use_walk(was)
+            for a, b in zip(outs[True], outs[False]):
+                assert _close(a.double(), b.double()), (B, T, gamma, lmbda)
+                differs |= not _same(a, b)
+    assert differs, "the row walk did not run (the same bits as the group loop everywhere)"
