@@ -11,7 +11,8 @@ Each peer, our call and the floor's variants run interleaved in one process (sam
 machine load), median of ``--reps`` calls after warm-up; the outputs are compared before
 timing. The floor (:func:`floor_variants`): a vectorised elementwise pass that reads
 every input of the call once (the same bytes: the same dtypes, bool flags 1 byte, float
-flags 4) and writes two float32 outputs, preallocated and reused; no recurrence. It runs
+flags 4) and writes two float32 outputs, preallocated and reused (each variant its own
+pair); no recurrence. It runs
 as numpy ufuncs with ``out=`` on one thread and split over two Python threads (numpy
 releases the GIL in its loops), as torch elementwise ops with ``out=`` under
 ``torch.set_num_threads(1)`` and ``(2)``, and as C passes (``_cscan.floor``: each input
@@ -110,13 +111,24 @@ def _split(ins):
 def floor_variants(ins, like):
     """The same-bytes floor of a call: ``{name: fn}``, each ``fn()`` reading every tensor
     of ``ins`` once and writing ``o0 = sum of the non-bool inputs + xor of the bool ones``
-    and ``o1 = o0 / 2`` into two float32 tensors shaped ``like``, allocated here once and
-    returned (the same two) by every call of every variant. No recurrence. Variants:
-    numpy ufuncs with ``out=`` in blocks of 64k elements on one thread (``numpy 1t``) and
-    with the elements split in two halves over two threads (``numpy 2t``: this one and a
-    helper thread; numpy drops the GIL in its loops); torch elementwise ops with ``out=``
-    on whole tensors under ``torch.set_num_threads(1)`` / ``(2)`` (``torch 1t`` /
-    ``torch 2t``; the setting is restored after each call)."""
+    and ``o1 = o0 / 2`` into two float32 tensors shaped ``like``, allocated once per
+    variant and returned (the same two) by every call of that variant. Each variant has
+    outputs of its own, as our call has the blocks its outputs come back to: with one
+    pair shared by every variant, a variant's outputs were in the caches because another
+    variant had just written them, which no program calling it once a round would see
+    (on RLlib's row the fastest variant's median took half the time it takes with outputs
+    of its own; docs/notes.md). No recurrence. Variants: numpy ufuncs with ``out=`` in
+    blocks of 64k elements on one thread (``numpy 1t``) and with the elements split in two
+    halves over two threads (``numpy 2t``: this one and a helper thread; numpy drops the
+    GIL in its loops); torch elementwise ops with ``out=`` on whole tensors under
+    ``torch.set_num_threads(1)`` / ``(2)`` (``torch 1t`` / ``torch 2t``; the setting is
+    restored after each call); the C passes (:func:`c_floor`)."""
+    names = list(_floor_variants(ins, like))
+    return {name: _floor_variants(ins, like)[name] for name in names}
+
+
+def _floor_variants(ins, like):
+    """Every variant of :func:`floor_variants`, all writing into one pair of outputs."""
     n, nums, flags = _split(ins)
     o0 = torch.empty(like.shape, dtype=torch.float32)
     o1 = torch.empty(like.shape, dtype=torch.float32)

@@ -11,8 +11,8 @@
   ``out=`` over row blocks on one thread and split over two Python threads (numpy
   releases the GIL), torch ops with ``out=`` on one and on all torch threads, and C
   passes (``_cscan.floor``: each input read once, in L1-sized blocks; ``floor_fused``:
-  every input in one loop, outputs streamed) on one and two threads; outputs
-  preallocated and reused; the fastest of them.
+  every input in one loop, outputs streamed) on one and two threads; each with two
+  outputs of its own, preallocated and reused; the fastest of them.
 
 Inputs as ``rl_triton_core.bench.tokens``: fp32 rewards and values, verl's int64 response
 mask (right padding to random lengths, 5% observation tokens). The three run interleaved
@@ -34,7 +34,15 @@ GAMMA, LAM = 1.0, 0.95
 
 
 def _floors(r, v, m):
-    """The floor's candidates: callables that read r, v, m once and write two outputs."""
+    """The floor's candidates: callables that read r, v, m once and write two outputs,
+    each candidate into two outputs of its own (as cpu_peers.floor_variants: shared
+    outputs would be in the caches because another candidate had just written them)."""
+    names = list(_floor_set(r, v, m))
+    return {name: _floor_set(r, v, m, name)[name] for name in names}
+
+
+def _floor_set(r, v, m, only=None):
+    """Every candidate (or just ``only``), all writing into one pair of outputs."""
     o0, o1 = torch.empty_like(r), torch.empty_like(r)
     rn, vn, mn, a0, a1 = r.numpy(), v.numpy(), m.numpy(), o0.numpy(), o1.numpy()
     B = r.shape[0]
@@ -72,15 +80,16 @@ def _floors(r, v, m):
     try:  # the C passes (each input read once, vectorised), where the extension is built
         from rl_triton_core.scan import _cscan
     except ImportError:
-        return floors
+        _cscan = None
     flat = [rn.reshape(-1), vn.reshape(-1), mn.reshape(-1)]
-    if all(a.flags.c_contiguous for a in flat) and mn.dtype in (np.int64, np.uint8, np.bool_):
+    if (_cscan is not None and all(a.flags.c_contiguous for a in flat)
+            and mn.dtype in (np.int64, np.uint8, np.bool_)):
         flat[2] = flat[2].view(np.uint8) if mn.dtype == np.bool_ else flat[2]
         o0f, o1f = a0.reshape(-1), a1.reshape(-1)
         for name, fn in (("C", _cscan.floor), ("C fused", _cscan.floor_fused)):
             floors[f"{name} 1 thread"] = lambda fn=fn: fn(o0f, o1f, 1, *flat)
             floors[f"{name} 2 threads"] = lambda fn=fn: fn(o0f, o1f, 2, *flat)
-    return floors
+    return floors if only is None else {only: floors[only]}
 
 
 def _interleaved_ms(fns, reps):
