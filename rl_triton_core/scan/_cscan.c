@@ -1365,11 +1365,25 @@ INLINE void col_block(const ctx_t *c, colbuf_t *bf, ssz blk) {
 /* The threads take their work from one counter, a few units (row groups or column
  * blocks) at a time: where another process's threads hold a core (torch's OpenMP
  * workers spin for a while after each parallel op), the thread that runs takes more. */
+/* Work the calling thread does before it takes units (the replay's Python side: its
+ * tensors' checks and its outputs' tensor objects), with the GIL held, while the other
+ * threads already scan; it then releases the GIL (ts) for the rest of the call */
+typedef struct {
+    void (*fn)(void *);
+    void *arg;
+    int ran;
+    PyThreadState *ts;
+#ifndef _WIN32
+    pthread_t caller;
+#endif
+} side_t;
+
 typedef struct {
     const ctx_t *c;
     ssz *next; /* the first unit nobody has taken */
     ssz units, chunk;
     int failed;
+    side_t *side;
 } job_t;
 
 static inline ssz take_units(const job_t *j) {
@@ -1437,6 +1451,16 @@ MULTIVERSION static void *run_job(void *arg) {
 
 static void pool_job(void *arg) {
     job_t *j = (job_t *)arg;
+    side_t *sd = j->side;
+#ifndef _WIN32
+    if (sd && pthread_equal(pthread_self(), sd->caller)) {
+#else
+    if (sd) { /* the caller's thread is the only one there */
+#endif
+        sd->fn(sd->arg);
+        sd->ran = 1;
+        sd->ts = PyEval_SaveThread();
+    }
     if (run_job(j) != NULL) {
 #if defined(__GNUC__) || defined(__clang__)
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
@@ -1446,7 +1470,7 @@ static void pool_job(void *arg) {
     }
 }
 
-static int run_all(ctx_t *c, int threads) {
+static int run_all(ctx_t *c, int threads, side_t *side) {
     const ssz units = c->columns ? c->nblocks
                       : c->fast  ? c->N1 * c->N2 * c->S
                                  : (c->nlanes + W - 1) / W;
@@ -1460,6 +1484,7 @@ static int run_all(ctx_t *c, int threads) {
     job.chunk = threads == 1 ? units : units / (8 * (ssz)threads);
     if (job.chunk < 1) job.chunk = 1;
     job.failed = 0;
+    job.side = side;
     pool_run(pool_job, &job, threads);
     const int failed = job.failed;
 #if VEC8 && defined(__x86_64__)
@@ -1593,20 +1618,40 @@ static int threads_for(const ctx_t *c, int threads) {
 }
 
 /* run a planned call (c: arrays and walk set); 0 done, -1 with a Python error set */
-static int execute(ctx_t *c, int threads) {
-    if (c->N1 * c->N2 == 0 || c->T == 0) return 0;
+/* The scan of c on `threads` threads, the GIL released; with `side`, the calling thread
+ * first runs side->fn (the GIL held) while the others scan. The side runs whatever
+ * happens (also where nothing is to scan). */
+static int execute_side(ctx_t *c, int threads, side_t *side) {
+    if (c->N1 * c->N2 == 0 || c->T == 0) {
+        if (side) side->fn(side->arg);
+        return 0;
+    }
     c->h_end = NULL;
     if (!c->fast && !c->columns && c->S > 1) {
         c->h_end = (double *)malloc(sizeof(double) * c->nlanes);
         if (!c->h_end) {
+            if (side) side->fn(side->arg);
             PyErr_NoMemory();
             return -1;
         }
     }
     int failed;
-    Py_BEGIN_ALLOW_THREADS
-    failed = run_all(c, threads);
-    Py_END_ALLOW_THREADS
+    if (side) {
+        side->ran = 0;
+        side->ts = NULL;
+#ifndef _WIN32
+        side->caller = pthread_self();
+#endif
+        failed = run_all(c, threads, side);
+        if (side->ran)
+            PyEval_RestoreThread(side->ts);
+        else
+            side->fn(side->arg); /* not reached: the caller's thread takes part */
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        failed = run_all(c, threads, NULL);
+        Py_END_ALLOW_THREADS
+    }
     free(c->h_end);
     c->h_end = NULL;
     if (failed) {
@@ -1615,6 +1660,8 @@ static int execute(ctx_t *c, int threads) {
     }
     return 0;
 }
+
+static int execute(ctx_t *c, int threads) { return execute_side(c, threads, NULL); }
 
 /* The arguments of scan() into c: 1 read (c planned), 0 an array's dtype this kernel
  * does not read (nothing else done), -1 with a Python error set. The buffers taken are
@@ -1957,11 +2004,10 @@ static void out_block_free(dl_managed_t *self) {
     free(o);
 }
 
-/* The output as a block-cache tensor, or NULL with *done = 0 where this does not apply
- * (another allocator, the cache off or swapped, another dtype), or NULL with *done = 1
- * and an error set */
-static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype, char **data,
-                              int *done) {
+/* An output's block from the cache and its DLPack description, not yet a tensor; NULL
+ * with *done = 0 where the cache does not apply (another allocator, the cache off or
+ * swapped, another dtype), or NULL with *done = 1 and an error set */
+static out_block_t *block_reserve(PyObject *alloc, PyObject *shape, PyObject *dtype, int *done) {
     *done = 0;
     if (!blocks_api || alloc != host_empty || (dtype != dt_f32 && dtype != dt_f64) ||
         !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > KEY_DIMS ||
@@ -1973,7 +2019,7 @@ static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype,
     const int nd = (int)PyTuple_GET_SIZE(shape);
     const int64_t item = dtype == dt_f32 ? 4 : 8;
     out_block_t *o = (out_block_t *)calloc(1, sizeof(out_block_t));
-    if (!o) return PyErr_NoMemory();
+    if (!o) return (out_block_t *)PyErr_NoMemory();
     int64_t numel = 1;
     for (int i = 0; i < nd; i++) {
         o->shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
@@ -1993,7 +2039,7 @@ static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype,
     o->mem = blocks_api->get((size_t)(numel * item), &o->cap, &off);
     if (!o->mem) {
         free(o);
-        return PyErr_NoMemory();
+        return (out_block_t *)PyErr_NoMemory();
     }
     o->m.version.major = 1;
     o->m.version.minor = 0;
@@ -2007,17 +2053,42 @@ static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype,
     o->m.dl_tensor.dtype.lanes = 1;
     o->m.dl_tensor.shape = o->shape;
     o->m.dl_tensor.strides = o->strides;
+    return o;
+}
+
+/* a reserved block back to the cache, never handed to torch */
+static void block_drop(out_block_t *o) {
+    blocks_api->put(o->mem, o->cap);
+    free(o);
+}
+
+/* the reserved block as a tensor whose deleter returns it to the cache; NULL (no error
+ * set) where torch did not make one: the block may then leak, where torch failed before
+ * it took the deleter (safer than a double free) */
+static PyObject *block_wrap(out_block_t *o) {
     void *t = NULL;
     int (*to_py)(void *, void **) = (int (*)(void *, void **))dl_api->managed_tensor_to_py_object_no_sync;
     if (to_py(&o->m, &t) || !t) {
-        /* not made: the recorded allocator instead (the block may leak, where torch failed
-           before it took the deleter: safer than a double free) */
         PyErr_Clear();
+        return NULL;
+    }
+    return (PyObject *)t;
+}
+
+/* The output as a block-cache tensor, or NULL with *done = 0 where this does not apply
+ * (see block_reserve; also where torch did not make the tensor: the recorded allocator
+ * then), or NULL with *done = 1 and an error set */
+static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype, char **data,
+                              int *done) {
+    out_block_t *o = block_reserve(alloc, shape, dtype, done);
+    if (!o) return NULL;
+    PyObject *t = block_wrap(o);
+    if (!t) {
         *done = 0;
         return NULL;
     }
     *data = (char *)o->m.dl_tensor.data;
-    return (PyObject *)t;
+    return t;
 }
 
 /* bind_blocks(_host, _ctoken, torch.float32, torch.float64): large outputs of the
@@ -2094,6 +2165,66 @@ static int plain_tensor(PyObject *a) {
     return ng == Py_False;
 }
 
+/* 1 where every tensor of the call is plain (plain_tensor), 0 where one is not, -1 with
+ * a Python error set */
+static int all_plain(PyObject *call_args) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(call_args); i++) {
+        PyObject *a = PyTuple_GET_ITEM(call_args, i);
+        if (!Py_IS_TYPE(a, tensor_type)) continue;
+        const int plain = plain_tensor(a);
+        if (plain <= 0) return plain;
+    }
+    return 1;
+}
+
+/* The replay's Python side, done by the calling thread while the other threads scan:
+ * the tensors' checks, then the outputs' blocks made tensors. status: 1 done, 0 the
+ * Python path must take the call, -1 a Python error set. */
+typedef struct {
+    PyObject *call_args;
+    out_block_t *b[2]; /* blocks not (yet) handed to torch */
+    PyObject *out[2];
+    int status;
+} replay_side_t;
+
+static void replay_side(void *p) {
+    replay_side_t *a = (replay_side_t *)p;
+    a->status = all_plain(a->call_args);
+    for (int k = 0; k < 2 && a->status == 1; k++) {
+        if (!a->b[k]) continue;
+        a->out[k] = block_wrap(a->b[k]);
+        a->b[k] = NULL; /* torch's now; or, not made, left (see block_wrap) */
+        if (!a->out[k]) a->status = 0;
+    }
+}
+
+/* A repeat whose outputs are the reserved blocks b0 (and b1): the scan starts right away
+ * and the calling thread reads the tensors' flags and makes the output tensors while the
+ * other threads scan (from memory, after other work, those Python-side steps took as
+ * long as the scan of RLlib's 100,000 steps on this path's 2-core machine; docs/notes.md).
+ * The scan writes the blocks only, so a call the Python path must take (a tensor that
+ * requires grad, say) is computed again there. The result, None for the Python path, or
+ * NULL with an error set. */
+static PyObject *replay_overlapped(ctx_t *c, int threads, PyObject *call_args, out_block_t *b0,
+                                   out_block_t *b1) {
+    replay_side_t a = {call_args, {b0, b1}, {NULL, NULL}, -1};
+    side_t side = {replay_side, &a, 0, NULL};
+    const int failed = execute_side(c, threads, &side) < 0;
+    for (int k = 0; k < 2; k++)
+        if (a.b[k]) block_drop(a.b[k]);
+    if (failed || a.status != 1) {
+        Py_XDECREF(a.out[0]);
+        Py_XDECREF(a.out[1]);
+        if (failed || a.status < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    if (!b1) return a.out[0];
+    PyObject *res = PyTuple_Pack(2, a.out[0], a.out[1]);
+    Py_DECREF(a.out[0]);
+    Py_DECREF(a.out[1]);
+    return res;
+}
+
 #include "_claunch.h"
 
 /* replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds a
@@ -2150,12 +2281,9 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     ctx_t *c = &pr.c;
     arr_t *arrs[10] = {&c->o0, &c->o1, &c->x, &c->v, &c->nv, &c->te, &c->tr, &c->boot,
                        &c->g, &c->lm};
-    for (Py_ssize_t i = 0; i < rp->nargs; i++) {
+    for (Py_ssize_t i = 0; i < rp->nargs; i++) { /* (the tensors' checks: all_plain) */
         PyObject *a = PyTuple_GET_ITEM(call_args, i);
         if (Py_IS_TYPE(a, tensor_type)) {
-            const int plain = plain_tensor(a);
-            if (plain < 0) goto fail;
-            if (!plain) goto none;
             if (rp->addr[i] >= 0 && arrs[rp->addr[i]]->p) arrs[rp->addr[i]]->p = dl[i].data;
         } else if (rp->num[i] >= 0) {
             const double x = PyFloat_AsDouble(a);
@@ -2167,6 +2295,29 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *shape = PyTuple_GET_ITEM(rec, 1), *dtype = PyTuple_GET_ITEM(rec, 2);
     const int two = PyTuple_GET_ITEM(rec, 4) == Py_True;
+    PyObject *alloc = PyTuple_GET_ITEM(rec, 5);
+    if (shape != Py_None) { /* outputs from the block cache: the scan starts at once */
+        int done;
+        out_block_t *b0 = block_reserve(alloc, shape, dtype, &done), *b1 = NULL;
+        if (!b0 && done) goto fail;
+        if (b0 && two && !(b1 = block_reserve(alloc, shape, dtype, &done))) {
+            block_drop(b0);
+            if (done) goto fail;
+            b0 = NULL;
+        }
+        if (b0) {
+            c->o0.p = (char *)b0->m.dl_tensor.data;
+            if (c->o1.p) c->o1.p = (char *)(two ? b1 : b0)->m.dl_tensor.data;
+            res = replay_overlapped(c, pr.threads, call_args, b0, b1);
+            Py_DECREF(rec);
+            return res;
+        }
+    }
+    {
+        const int plain = all_plain(call_args);
+        if (plain < 0) goto fail;
+        if (!plain) goto none;
+    }
     if (shape == Py_None) { /* an out= call: the scan writes into the user's tensors */
         PyObject *given[2] = {NULL, NULL};
         for (Py_ssize_t o = 0; o < rp->nargs; o++) {
@@ -2191,7 +2342,6 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return res;
     }
     char *p0, *p1 = NULL;
-    PyObject *alloc = PyTuple_GET_ITEM(rec, 5);
     if (!(out0 = new_output(alloc, shape, dtype, &p0))) goto fail;
     if (two && !(out1 = new_output(alloc, shape, dtype, &p1))) goto fail;
     c->o0.p = p0;

@@ -132,3 +132,40 @@ def test_the_replay_makes_its_outputs_in_c(monkeypatch):
         m.setattr(_host, "_BLOCKS", False)
         adv, ret = rc.gae(r, v, term, gamma=0.95, lmbda=0.9, time_dim=-1)
     assert torch.equal(adv, first[0]) and adv.untyped_storage().resizable()  # torch.empty's
+
+
+def test_a_replay_that_declines_after_its_scan_started(monkeypatch):
+    """The replay starts the scan into its outputs' blocks before the calling thread
+    reads the tensors' flags; a call it then hands to the Python path (a tensor that
+    requires grad, a view with the negative bit) must give that path's result, and the
+    blocks it had taken must go back to the cache. One-output estimators too."""
+    from rl_triton_core.scan import _cpu_c
+
+    blocks = _blocks()
+    if _cpu_c.replay is None or not hasattr(blocks, "blocks_api"):
+        pytest.skip("no C replay, or a _ctoken without blocks_api")
+    g = torch.Generator().manual_seed(4)
+    r, v, term = _case(g)
+    first = rc.gae(r, v, term, gamma=0.95, lmbda=0.9, time_dim=-1)  # recorded
+    lam = rc.lambda_returns(r, v, term, gamma=0.95, lmbda=0.9, time_dim=-1)
+    for _ in range(2):
+        assert torch.equal(rc.lambda_returns(r, v, term, gamma=0.95, lmbda=0.9,
+                                             time_dim=-1), lam)
+    vg = v.clone().requires_grad_()
+    adv, ret = rc.gae(r, vg, term, gamma=0.95, lmbda=0.9, time_dim=-1)
+    assert adv.requires_grad and torch.equal(adv.detach(), first[0])
+    adv.sum().backward()
+    assert vg.grad is not None and torch.isfinite(vg.grad).all()
+    del adv, ret, vg
+    z = torch.complex(torch.randn(r.shape, generator=g), -r)
+    neg = z.conj().imag  # the values r, stored as -r with the negative bit
+    assert neg.is_neg() and torch.equal(neg, r)
+    for _ in range(2):
+        held = blocks.cache_info()["blocks"]
+        got = rc.gae(neg, v, term, gamma=0.95, lmbda=0.9, time_dim=-1)
+        assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
+        assert blocks.cache_info()["blocks"] == held - 2  # the Python path's two outputs
+        del got
+        assert blocks.cache_info()["blocks"] == held  # ... and the replay's back too
+    again = rc.gae(r, v, term, gamma=0.95, lmbda=0.9, time_dim=-1)  # the replay again
+    assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
