@@ -2,8 +2,10 @@
  * and the masked whitening, as rl_triton_core/token/_token_cpu.py computes them with
  * numba -- the same float64 operations in the same order (built with -ffp-contract=off:
  * no fused multiply-add), so the results are bit for bit the numba path's; except for
- * float32 data with contiguous tokens on AVX-512, which a loop of its own computes in
- * float32, 16 responses a register (vec_group16: within float32 rounding of the others).
+ * float32 data with contiguous tokens (padded layout) on AVX-512, which a loop of its own
+ * computes in float32: one response at a time, 16 tokens a register, where the CPU has
+ * VPOPCNTDQ (walk_f32), else 16 responses a register (vec_group16); each within float32
+ * rounding of the others.
  *
  * Plain C99 against Python.h: arrays come through the buffer protocol (numpy views of
  * torch tensors, [R, P], any strides; bfloat16 as the int16 view of its bits). The GIL
