@@ -1369,7 +1369,7 @@ INLINE void col_block(const ctx_t *c, colbuf_t *bf, ssz blk) {
  * tensors' checks and its outputs' tensor objects), with the GIL held, while the other
  * threads already scan; it then releases the GIL (ts) for the rest of the call */
 typedef struct {
-    void (*fn)(void *);
+    int (*fn)(void *); /* 0: the scan's result will not be used (the rest is skipped) */
     void *arg;
     int ran;
     PyThreadState *ts;
@@ -1457,7 +1457,12 @@ static void pool_job(void *arg) {
 #else
     if (sd) { /* the caller's thread is the only one there */
 #endif
-        sd->fn(sd->arg);
+        if (!sd->fn(sd->arg)) /* no unit left for anyone */
+#if defined(__GNUC__) || defined(__clang__)
+            __atomic_store_n(j->next, j->units, __ATOMIC_RELAXED);
+#else
+            *j->next = j->units;
+#endif
         sd->ran = 1;
         sd->ts = PyEval_SaveThread();
     }
@@ -1623,14 +1628,14 @@ static int threads_for(const ctx_t *c, int threads) {
  * happens (also where nothing is to scan). */
 static int execute_side(ctx_t *c, int threads, side_t *side) {
     if (c->N1 * c->N2 == 0 || c->T == 0) {
-        if (side) side->fn(side->arg);
+        if (side) (void)side->fn(side->arg);
         return 0;
     }
     c->h_end = NULL;
     if (!c->fast && !c->columns && c->S > 1) {
         c->h_end = (double *)malloc(sizeof(double) * c->nlanes);
         if (!c->h_end) {
-            if (side) side->fn(side->arg);
+            if (side) (void)side->fn(side->arg);
             PyErr_NoMemory();
             return -1;
         }
@@ -1646,7 +1651,7 @@ static int execute_side(ctx_t *c, int threads, side_t *side) {
         if (side->ran)
             PyEval_RestoreThread(side->ts);
         else
-            side->fn(side->arg); /* not reached: the caller's thread takes part */
+            (void)side->fn(side->arg); /* not reached: the caller's thread takes part */
     } else {
         Py_BEGIN_ALLOW_THREADS
         failed = run_all(c, threads, NULL);
@@ -1993,16 +1998,25 @@ typedef struct {
     dl_managed_t m;
     void *mem;
     size_t cap;
+    int refs; /* torch's tensor (or the replay, until it hands the block over), and the
+                 scan while it may write the block: the last one out returns it */
     int64_t shape[KEY_DIMS], strides[KEY_DIMS];
 } out_block_t;
 static const blocks_api_t *blocks_api; /* NULL: outputs through the recorded allocator */
 static PyObject *host_dict, *host_empty, *blocks_module, *dt_f32, *dt_f64, *s_blocks;
 
-static void out_block_free(dl_managed_t *self) {
-    out_block_t *o = (out_block_t *)self;
+/* one reference to the block dropped; the last returns it to the cache */
+static void block_unref(out_block_t *o) {
+#if defined(__GNUC__) || defined(__clang__)
+    if (__atomic_sub_fetch(&o->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+#else
+    if (--o->refs != 0) return;
+#endif
     blocks_api->put(o->mem, o->cap);
     free(o);
 }
+
+static void out_block_free(dl_managed_t *self) { block_unref((out_block_t *)self); }
 
 /* An output's block from the cache and its DLPack description, not yet a tensor; NULL
  * with *done = 0 where the cache does not apply (another allocator, the cache off or
@@ -2041,6 +2055,7 @@ static out_block_t *block_reserve(PyObject *alloc, PyObject *shape, PyObject *dt
         free(o);
         return (out_block_t *)PyErr_NoMemory();
     }
+    o->refs = 1;
     o->m.version.major = 1;
     o->m.version.minor = 0;
     o->m.manager_ctx = o;
@@ -2056,15 +2071,13 @@ static out_block_t *block_reserve(PyObject *alloc, PyObject *shape, PyObject *dt
     return o;
 }
 
-/* a reserved block back to the cache, never handed to torch */
-static void block_drop(out_block_t *o) {
-    blocks_api->put(o->mem, o->cap);
-    free(o);
-}
+/* the replay's reference to a block it never handed to torch */
+static void block_drop(out_block_t *o) { block_unref(o); }
 
-/* the reserved block as a tensor whose deleter returns it to the cache; NULL (no error
- * set) where torch did not make one: the block may then leak, where torch failed before
- * it took the deleter (safer than a double free) */
+/* the reserved block as a tensor whose deleter drops the replay's reference; NULL (no
+ * error set) where torch did not make one: torch may then have run the deleter already
+ * (the tensor made, its Python object not), or not (it failed before it took it: the
+ * block leaks, safer than a double free) */
 static PyObject *block_wrap(out_block_t *o) {
     void *t = NULL;
     int (*to_py)(void *, void **) = (int (*)(void *, void **))dl_api->managed_tensor_to_py_object_no_sync;
@@ -2187,15 +2200,16 @@ typedef struct {
     int status;
 } replay_side_t;
 
-static void replay_side(void *p) {
+static int replay_side(void *p) {
     replay_side_t *a = (replay_side_t *)p;
     a->status = all_plain(a->call_args);
     for (int k = 0; k < 2 && a->status == 1; k++) {
         if (!a->b[k]) continue;
         a->out[k] = block_wrap(a->b[k]);
-        a->b[k] = NULL; /* torch's now; or, not made, left (see block_wrap) */
+        a->b[k] = NULL; /* torch's now; or, not made, see block_wrap */
         if (!a->out[k]) a->status = 0;
     }
+    return a->status == 1;
 }
 
 /* A repeat whose outputs are the reserved blocks b0 (and b1): the scan starts right away
@@ -2209,9 +2223,15 @@ static PyObject *replay_overlapped(ctx_t *c, int threads, PyObject *call_args, o
                                    out_block_t *b1) {
     replay_side_t a = {call_args, {b0, b1}, {NULL, NULL}, -1};
     side_t side = {replay_side, &a, 0, NULL};
+    out_block_t *held[2] = {b0, b1};
+    for (int k = 0; k < 2; k++) /* the scan's reference: a block torch lets go of (a
+                                   tensor made, then dropped) stays out of the cache */
+        if (held[k]) held[k]->refs = 2;
     const int failed = execute_side(c, threads, &side) < 0;
-    for (int k = 0; k < 2; k++)
-        if (a.b[k]) block_drop(a.b[k]);
+    for (int k = 0; k < 2; k++) {
+        if (a.b[k]) block_drop(a.b[k]); /* never handed to torch */
+        if (held[k]) block_unref(held[k]); /* the scan is done with it */
+    }
     if (failed || a.status != 1) {
         Py_XDECREF(a.out[0]);
         Py_XDECREF(a.out[1]);
@@ -2299,7 +2319,7 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (shape != Py_None) { /* outputs from the block cache: the scan starts at once */
         int done;
         out_block_t *b0 = block_reserve(alloc, shape, dtype, &done), *b1 = NULL;
-        if (!b0 && done) goto fail;
+        if (!b0 && (done || PyErr_Occurred())) goto fail;
         if (b0 && two && !(b1 = block_reserve(alloc, shape, dtype, &done))) {
             block_drop(b0);
             if (done) goto fail;

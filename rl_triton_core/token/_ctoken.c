@@ -70,6 +70,7 @@ enum { K_F4 = 1, K_F8, K_BF16, K_I1, K_I2, K_I4, K_I8 };
 #endif
 enum { W_NONE = 0, W_STATS = 1, W_FILL = 2 }; /* no whitening; whiten; fill only */
 static int use_f32_path = 1; /* float32 data may take the float32 loop (AVX-512) */
+static int use_walk_path = 1; /* ... one response at a time (walk_f32), where it runs */
 
 typedef struct {
     char *p;
@@ -1157,7 +1158,6 @@ CT_AVX512_FN CT_INLINE void vec_group16(const Ctx *c, Py_ssize_t first, int nl, 
 #ifndef WALK_FOLD
 #define WALK_FOLD 16 /* blocks a lane's float32 statistics add before they go to float64 */
 #endif
-static int use_walk_path = 1;
 static int simd_have(void);
 
 static int walk_have(void) {
@@ -1452,7 +1452,7 @@ static void parallel(const Ctx *c, int phase, int threads) {
             chunk = most;
         if (chunk < 1)
             chunk = 1;
-        if (c->vec)
+        if (c->vec && c->vec != 4) /* (the row walk takes any rows) */
             chunk = (chunk + 15) / 16 * 16; /* whole groups (8 rows, or 16 in float32) */
         Work w = {c, phase, chunk, 0};
         pool_run(worker, &w, threads);
