@@ -69,6 +69,19 @@ enum { K_F4 = 1, K_F8, K_BF16, K_I1, K_I2, K_I4, K_I8 };
 #define NT_MIN_BYTES (4.0 * 1048576.0)
 #endif
 enum { W_NONE = 0, W_STATS = 1, W_FILL = 2 }; /* no whitening; whiten; fill only */
+/* CASE(MODE, STATS_ON) (which ends in a break) for c's mode and whitening: each loop is
+   compiled for every variant, the arm taken once a call */
+#define MODE_SWITCH(CASE)                                                                \
+    switch (c->mode * 2 + (c->want_stats != 0)) {                                        \
+    case 0: CASE(GAE_SKIP, 0)                                                            \
+    case 1: CASE(GAE_SKIP, 1)                                                            \
+    case 2: CASE(GAE_MUL, 0)                                                             \
+    case 3: CASE(GAE_MUL, 1)                                                             \
+    case 4: CASE(RET_SKIP, 0)                                                            \
+    case 5: CASE(RET_SKIP, 1)                                                            \
+    case 6: CASE(RET_MUL, 0)                                                             \
+    default: CASE(RET_MUL, 1)                                                            \
+    }
 static int use_f32_path = 1; /* float32 data may take the float32 loop (AVX-512) */
 static int use_walk_path = 1; /* ... one response at a time (walk_f32), where it runs */
 
@@ -209,20 +222,16 @@ CT_INLINE void scan_one(const Ctx *c, Py_ssize_t i, const int MODE, const int ST
         put_stats(c->stats + 3 * i, cnt, kk, s1, s2);
 }
 
+#define SCALAR_CASE(MODE, ST)                                                            \
+    scan_one(c, i, MODE, ST);                                                            \
+    break;
+
 static void scan_scalar(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
     for (Py_ssize_t i = hi - 1; i >= lo; i--) {
-        switch (c->mode * 2 + (c->want_stats != 0)) {
-        case 0: scan_one(c, i, GAE_SKIP, 0); break;
-        case 1: scan_one(c, i, GAE_SKIP, 1); break;
-        case 2: scan_one(c, i, GAE_MUL, 0); break;
-        case 3: scan_one(c, i, GAE_MUL, 1); break;
-        case 4: scan_one(c, i, RET_SKIP, 0); break;
-        case 5: scan_one(c, i, RET_SKIP, 1); break;
-        case 6: scan_one(c, i, RET_MUL, 0); break;
-        default: scan_one(c, i, RET_MUL, 1); break;
-        }
+        MODE_SWITCH(SCALAR_CASE)
     }
 }
+#undef SCALAR_CASE
 
 /* Welford's (count, mean, M2) of the valid entries (_token_cpu.row_stats) */
 static void row_stats(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
@@ -654,17 +663,10 @@ CT_AVX2_FN CT_INLINE void vec_group(const Ctx *c, Py_ssize_t first, int nl, cons
             GROUP(c, first, (int)(g0 - first), MODE, ST, 0);                             \
     }                                                                                    \
     break;
+#define vec_group_CASE(MODE, ST) VEC_CASE(vec_group, MODE, ST)
+#define vec_group512_CASE(MODE, ST) VEC_CASE(vec_group512, MODE, ST)
 #define VEC_SCAN(GROUP)                                                                  \
-    switch (c->mode * 2 + (c->want_stats != 0)) {                                        \
-    case 0: VEC_CASE(GROUP, GAE_SKIP, 0)                                                 \
-    case 1: VEC_CASE(GROUP, GAE_SKIP, 1)                                                 \
-    case 2: VEC_CASE(GROUP, GAE_MUL, 0)                                                  \
-    case 3: VEC_CASE(GROUP, GAE_MUL, 1)                                                  \
-    case 4: VEC_CASE(GROUP, RET_SKIP, 0)                                                 \
-    case 5: VEC_CASE(GROUP, RET_SKIP, 1)                                                 \
-    case 6: VEC_CASE(GROUP, RET_MUL, 0)                                                  \
-    default: VEC_CASE(GROUP, RET_MUL, 1)                                                 \
-    }                                                                                    \
+    MODE_SWITCH(GROUP##_CASE)                                                            \
     if (c->nt)                                                                           \
         _mm_sfence();
 
@@ -1179,6 +1181,16 @@ CT_WALK_FN CT_INLINE __m512 lanes_up(__m512 x, const int s) { /* lane j <- lane 
     }
 }
 
+/* the float32 sums s[0..2] added into the float64 sums d[0..2] (both halves of each
+   into one: a response's sums need no lanes), then zeroed */
+CT_WALK_FN CT_INLINE void walk_fold(__m512d *d, __m512 *s) {
+    for (int q = 0; q < 3; q++) {
+        d[q] = _mm512_add_pd(d[q], _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(s[q])),
+                                                 _mm512_cvtps_pd(_mm512_extractf32x8_ps(s[q], 1))));
+        s[q] = _mm512_setzero_ps();
+    }
+}
+
 typedef struct {
     __m512 pw[4]; /* cf, cf^2, cf^4, cf^8 */
     float rv[32] __attribute__((aligned(64))); /* rv[m] = cf^(16 - m), 0 past m = 16 */
@@ -1201,8 +1213,9 @@ CT_WALK_FN CT_INLINE void walk_one(const Ctx *c, const WalkK *W, Py_ssize_t i, c
     const __m512i before = _mm512_setr_epi32(0x0, 0x1, 0x3, 0x7, 0xf, 0x1f, 0x3f, 0x7f, 0xff,
                                              0x1ff, 0x3ff, 0x7ff, 0xfff, 0x1fff, 0x3fff, 0x7fff);
     const __m512i lane0 = _mm512_setzero_si512();
-    __m512 carry = zero, nv = zero, kkv = zero, s1 = zero, s2 = zero, cn = zero;
-    __m512d d1 = _mm512_setzero_pd(), d2 = d1, dc = d1;
+    __m512 carry = zero, nv = zero, kkv = zero;
+    __m512 sum[3] = {zero, zero, zero}; /* this response's count, sum and sum of squares */
+    __m512d dsum[3] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
     int seen = 0, fold = 0;
     Py_ssize_t b = 0;
     int kn = 0;
@@ -1261,30 +1274,20 @@ CT_WALK_FN CT_INLINE void walk_one(const Ctx *c, const WalkK *W, Py_ssize_t i, c
                 seen = 1;
             }
             __m512 d = _mm512_maskz_sub_ps(k, y, kkv);
-            s1 = _mm512_add_ps(s1, d);
-            s2 = _mm512_fmadd_ps(d, d, s2);
-            cn = _mm512_mask_add_ps(cn, k, cn, _mm512_set1_ps(1.0f));
+            sum[0] = _mm512_mask_add_ps(sum[0], k, sum[0], _mm512_set1_ps(1.0f));
+            sum[1] = _mm512_add_ps(sum[1], d);
+            sum[2] = _mm512_fmadd_ps(d, d, sum[2]);
             if (++fold == WALK_FOLD) {
                 fold = 0;
-                d1 = _mm512_add_pd(d1, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(s1)),
-                                                     _mm512_cvtps_pd(_mm512_extractf32x8_ps(s1, 1))));
-                d2 = _mm512_add_pd(d2, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(s2)),
-                                                     _mm512_cvtps_pd(_mm512_extractf32x8_ps(s2, 1))));
-                dc = _mm512_add_pd(dc, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(cn)),
-                                                     _mm512_cvtps_pd(_mm512_extractf32x8_ps(cn, 1))));
-                s1 = s2 = cn = zero;
+                walk_fold(dsum, sum);
             }
         }
     }
     if (STATS_ON) {
-        d1 = _mm512_add_pd(d1, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(s1)),
-                                             _mm512_cvtps_pd(_mm512_extractf32x8_ps(s1, 1))));
-        d2 = _mm512_add_pd(d2, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(s2)),
-                                             _mm512_cvtps_pd(_mm512_extractf32x8_ps(s2, 1))));
-        dc = _mm512_add_pd(dc, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(cn)),
-                                             _mm512_cvtps_pd(_mm512_extractf32x8_ps(cn, 1))));
-        put_stats(c->stats + 3 * i, _mm512_reduce_add_pd(dc), (double)_mm512_cvtss_f32(kkv),
-                  _mm512_reduce_add_pd(d1), _mm512_reduce_add_pd(d2));
+        walk_fold(dsum, sum);
+        put_stats(c->stats + 3 * i, _mm512_reduce_add_pd(dsum[0]),
+                  (double)_mm512_cvtss_f32(kkv), _mm512_reduce_add_pd(dsum[1]),
+                  _mm512_reduce_add_pd(dsum[2]));
     }
 }
 
@@ -1302,16 +1305,7 @@ CT_WALK_FN static void walk_f32(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
         W.pw[j] = _mm512_set1_ps((float)p);
     for (int m = 0; m < 32; m++)
         W.rv[m] = m > 16 ? 0.0f : (float)pow(cf, 16 - m);
-    switch (c->mode * 2 + (c->want_stats != 0)) {
-    case 0: WALK_CASE(GAE_SKIP, 0)
-    case 1: WALK_CASE(GAE_SKIP, 1)
-    case 2: WALK_CASE(GAE_MUL, 0)
-    case 3: WALK_CASE(GAE_MUL, 1)
-    case 4: WALK_CASE(RET_SKIP, 0)
-    case 5: WALK_CASE(RET_SKIP, 1)
-    case 6: WALK_CASE(RET_MUL, 0)
-    default: WALK_CASE(RET_MUL, 1)
-    }
+    MODE_SWITCH(WALK_CASE)
     if (c->nt)
         _mm_sfence();
 }
@@ -1325,16 +1319,7 @@ CT_WALK_FN static void walk_f32(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
     break;
 
 CT_AVX512_FN static void scan_f32(const Ctx *c, Py_ssize_t lo, Py_ssize_t hi) {
-    switch (c->mode * 2 + (c->want_stats != 0)) {
-    case 0: F32_CASE(GAE_SKIP, 0)
-    case 1: F32_CASE(GAE_SKIP, 1)
-    case 2: F32_CASE(GAE_MUL, 0)
-    case 3: F32_CASE(GAE_MUL, 1)
-    case 4: F32_CASE(RET_SKIP, 0)
-    case 5: F32_CASE(RET_SKIP, 1)
-    case 6: F32_CASE(RET_MUL, 0)
-    default: F32_CASE(RET_MUL, 1)
-    }
+    MODE_SWITCH(F32_CASE)
     if (c->nt)
         _mm_sfence();
 }
