@@ -25,6 +25,10 @@ copied into ``out``.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import sys
+
 import torch
 
 from rl_triton_core import _config
@@ -59,13 +63,15 @@ __all__ = [
 ]
 
 
-def _front(spec, args: tuple, time_dim, out):
+def _front(spec, args: tuple, time_dim, out, tried=False):
     """The one front door: ``args`` in the table row's order. Under torch.compile the
     row's custom op; with gradients the autograd Function; else the cached launch or
-    the checked full path."""
+    the checked full path. ``tried``: the C entry (:func:`_entry`) has tried the C
+    replay on this call already."""
     if torch.compiler.is_compiling():  # one custom op per estimator in the traced graph
         return _ops.call(spec, args + _call.out_slots(out, spec.n_out), time_dim, out)
-    if _replay is not None and (out is None or _claunch.recorded or _dispatch.out_recorded):
+    if not tried and _replay is not None and (
+            out is None or _claunch.recorded or _dispatch.out_recorded):
         # a recorded call repeated in C (CPU calls, also with out=, where one was recorded;
         # CUDA calls, also with out=, where the C launch recorded one)
         res = _replay(_dispatch._PLANS, _PREFIX[spec.name],
@@ -561,3 +567,39 @@ def linear_recurrence(alpha, beta, *, reverse=True, init=None, time_dim, out=Non
         tensor([1.7500, 1.5000, 1.0000])
     """
     return _front(_LINREC, (alpha, beta, init, reverse), time_dim, out)
+
+
+def _entry(fn, spec: Estimator):
+    """``fn`` (a public function above, whose body is ``return _front(spec, args,
+    time_dim, out)``) as its C entry (``_cscan.entry``): a call without ``out`` goes from
+    the caller's arguments straight to the C replay, where a recorded call is repeated,
+    and on to :func:`_front` with the arguments in the row's order where it is not;
+    every other call is ``fn``'s own. After other work, ``fn``'s Python frame with its
+    keywords took 8-11 us of a 70 us CPU call (docs/notes.md). To ``inspect``,
+    ``functools`` and pickle it is ``fn``: its ``__wrapped__``, name, docstring and
+    signature. Dynamo traces ``fn`` itself (the wrapper's ``__original_fn``, as it does
+    torch.jit's script-if-tracing wrappers), so a compiled graph holds the row's custom
+    op as before. ``fn`` unchanged where the extension is not built."""
+    if _cpu_c.entry is None:
+        return fn
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.name not in ("time_dim", "out")]
+    names = tuple(sys.intern(p.name) for p in params)
+    if sorted(names) != sorted(spec.args):
+        raise TypeError(f"{fn.__name__}: its parameters are not its row's")
+    # the entry type stands for "no default" (a required argument: fn's call says so)
+    defaults = tuple(_cpu_c.Entry if p.default is p.empty else p.default for p in params)
+    npos = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+    order = tuple(spec.args.index(n) for n in names)
+    e = _cpu_c.entry(fn, spec, _PREFIX[spec.name], names, defaults, order, npos, _front,
+                     globals(), vars(_dispatch), vars(_config))
+    functools.update_wrapper(e, fn)
+    setattr(e, "__script_if_tracing_wrapper", True)  # noqa: B010 (dynamo: trace fn)
+    setattr(e, "__original_fn", fn)  # noqa: B010
+    return e
+
+
+for _name in ("gae", "gae_advantages", "lambda_returns", "discounted_returns", "vtrace",
+              "retrace", "eligibility_traces", "episodic_cumsum", "linear_recurrence"):
+    globals()[_name] = _entry(globals()[_name], TABLE[_name])
+del _name

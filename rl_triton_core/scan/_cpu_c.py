@@ -48,6 +48,9 @@ def _bind():
 
 
 replay = _bind()
+# the estimators' C entry (estimators._entry), where the replay is bound
+entry = getattr(_cscan, "entry", None) if replay is not None else None
+Entry = getattr(_cscan, "Entry", None)  # its type
 _MODES = {MODE_GAE: 1, MODE_TDLAMBDA: 2}  # the C kernel's mode numbers
 
 

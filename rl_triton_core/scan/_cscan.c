@@ -2247,22 +2247,172 @@ static PyObject *replay_overlapped(ctx_t *c, int threads, PyObject *call_args, o
 
 #include "_claunch.h"
 
+
+/* ---- The replay's two lookups, each remembered while what it read is unchanged --------
+ *
+ * After other work, every cache line a call touches before its scan starts comes from
+ * memory: the two switches' getenv() (a compare at every variable's string), and the
+ * plan's lookup (a bytes object made and hashed, the table's slot, the stored key) took
+ * 2.5 and 2.9 us of a 70 us call on the 2-core VM (docs/notes.md). */
+
+#ifndef _WIN32
+extern char **environ;
+#endif
+#define ENV_SNAP 256 /* variables: a larger environment is read each call */
+
+static struct {
+    int valid, cpu_ok, gpu_ok;
+    char **arr;
+    size_t n;
+    char *snap[ENV_SNAP + 1];
+} env_memo;
+
+/* The two switches, read at call time as the Python path reads them
+ * (RL_TRITON_CORE_BACKEND=auto|cpu|triton, RL_TRITON_CORE_CPU_KERNEL=numba): their values
+ * are remembered with the environment's array of string pointers, and read again where
+ * any pointer differs (setenv, putenv and unsetenv, os.environ's too, change one; a
+ * string changed in place after putenv() is not seen). */
+static void env_switches(int *cpu_ok, int *gpu_ok) {
+#ifndef _WIN32
+    char **e = environ;
+    if (env_memo.valid && e == env_memo.arr && e &&
+        !memcmp(e, env_memo.snap, sizeof(char *) * (env_memo.n + 1))) {
+        *cpu_ok = env_memo.cpu_ok;
+        *gpu_ok = env_memo.gpu_ok;
+        return;
+    }
+#endif
+    const char *backend = getenv("RL_TRITON_CORE_BACKEND");
+    const int auto_ = !backend || !strcmp(backend, "auto");
+    const char *kernel = getenv("RL_TRITON_CORE_CPU_KERNEL");
+    *cpu_ok = (auto_ || !strcmp(backend, "cpu")) && !(kernel && !strcmp(kernel, "numba"));
+    *gpu_ok = auto_ || !strcmp(backend, "triton");
+#ifndef _WIN32
+    size_t n = 0;
+    env_memo.valid = 0;
+    if (!e) return;
+    while (n <= ENV_SNAP && e[n]) n++;
+    if (n > ENV_SNAP) return;
+    memcpy(env_memo.snap, e, sizeof(char *) * (n + 1)); /* the NULL at the end too */
+    env_memo.arr = e;
+    env_memo.n = n;
+    env_memo.cpu_ok = *cpu_ok;
+    env_memo.gpu_ok = *gpu_ok;
+    env_memo.valid = 1;
+#endif
+}
+
+/* The last plans found, by key: the table (a strong reference: no other dictionary can
+ * take its address), the plan, the key. An entry holds while the table is unchanged:
+ * its version tag (Python 3.11) or, from 3.12 on, no event of the dictionary watcher on
+ * it since (a change of any watched table retires every entry). */
+#define HITS 4
+typedef struct {
+    PyObject *plans, *rec;
+    uint64_t stamp;
+    Py_ssize_t n;
+    char key[KEY_CAP];
+} hit_t;
+static hit_t hits[HITS];
+
+#if PY_VERSION_HEX >= 0x030C0000
+static int plans_watcher = -1;
+static uint64_t plans_gen = 1; /* raised by every event of a watched table */
+static int plans_changed(PyDict_WatchEvent ev, PyObject *d, PyObject *k, PyObject *v) {
+    (void)ev, (void)d, (void)k, (void)v;
+    plans_gen++;
+    return 0;
+}
+static uint64_t plans_stamp(PyObject *plans) { (void)plans; return plans_gen; }
+static int plans_watch(PyObject *plans) {
+    if (plans_watcher < 0 && (plans_watcher = PyDict_AddWatcher(plans_changed)) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyDict_Watch(plans_watcher, plans) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+#else
+static uint64_t plans_stamp(PyObject *plans) {
+    return ((PyDictObject *)plans)->ma_version_tag;
+}
+static int plans_watch(PyObject *plans) { (void)plans; return 1; }
+#endif
+
+static size_t hit_slot(const char *key, Py_ssize_t n) {
+    uint64_t h = (uint64_t)n * 0x9E3779B97F4A7C15ull;
+    for (Py_ssize_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, key + i, 8);
+        h = (h ^ w) * 0x100000001B3ull;
+    }
+    return (size_t)(h >> 32) % HITS;
+}
+
+/* plans[key] (a new reference), or NULL (with an error set where the lookup raised) */
+static PyObject *plan_of(PyObject *plans, const char *key, Py_ssize_t n) {
+    hit_t *h = &hits[hit_slot(key, n)];
+    if (h->plans == plans && h->n == n && h->stamp == plans_stamp(plans) &&
+        !memcmp(h->key, key, (size_t)n)) {
+        Py_INCREF(h->rec);
+        return h->rec;
+    }
+    PyObject *k = PyBytes_FromStringAndSize(key, n);
+    if (!k) return NULL;
+    PyObject *rec = PyDict_GetItemWithError(plans, k);
+    Py_DECREF(k);
+    if (!rec) return NULL;
+    Py_INCREF(rec);
+    if (n <= KEY_CAP && plans_watch(plans)) {
+        PyObject *old_plans = h->plans, *old_rec = h->rec;
+        Py_INCREF(plans);
+        Py_INCREF(rec);
+        h->plans = plans;
+        h->rec = rec;
+        h->n = n;
+        memcpy(h->key, key, (size_t)n);
+        h->stamp = plans_stamp(plans); /* after the watch: a change before it retires it */
+        Py_XDECREF(old_plans); /* last: these may run Python code */
+        Py_XDECREF(old_rec);
+    }
+    return rec;
+}
+
+/* forget(): drop every remembered plan (tests; a plan's memory held by them goes) */
+static PyObject *forget(PyObject *self, PyObject *unused) {
+    for (int i = 0; i < HITS; i++) {
+        PyObject *p = hits[i].plans, *r = hits[i].rec;
+        hits[i].plans = hits[i].rec = NULL;
+        hits[i].n = 0;
+        Py_XDECREF(p);
+        Py_XDECREF(r);
+    }
+    env_memo.valid = 0;
+    Py_RETURN_NONE;
+}
+
 /* replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds a
  * recording of it, under key(prefix, args, time_dim, tuning), as (replay_t bytes, output shape,
  * output dtype, tuning, two outputs, the outputs' allocator); else None (the Python path
  * takes the call). */
+static PyObject *replay_call(PyObject *const *args);
+
 static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyDict_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "_cscan.replay(plans, prefix, args, time_dim, tuning)");
         return NULL;
     }
+    return replay_call(args);
+}
+
+/* replay()'s work: args = (plans (a dict), prefix, args, time_dim, tuning) */
+static PyObject *replay_call(PyObject *const *args) {
     if (!dl_api) Py_RETURN_NONE;
-    /* read at call time, as the Python path reads them */
-    const char *backend = getenv("RL_TRITON_CORE_BACKEND");
-    const int auto_ = !backend || !strcmp(backend, "auto");
-    const char *kernel = getenv("RL_TRITON_CORE_CPU_KERNEL");
-    const int cpu_ok = (auto_ || !strcmp(backend, "cpu")) && !(kernel && !strcmp(kernel, "numba"));
-    const int gpu_ok = auto_ || !strcmp(backend, "triton");
+    int cpu_ok, gpu_ok;
+    env_switches(&cpu_ok, &gpu_ok);
     char buf[KEY_CAP];
     dl_tensor_t dl[KEY_ARGS];
     const Py_ssize_t n = call_key(args[1], args[2], args[3], args[4], buf, KEY_CAP, dl);
@@ -2270,17 +2420,13 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    PyObject *k = PyBytes_FromStringAndSize(buf, n);
-    if (!k) return NULL;
-    PyObject *rec = PyDict_GetItemWithError(args[0], k);
-    Py_DECREF(k);
+    /* held: the getters below can run Python code (a torch function mode), which could
+     * drop the plan from the dictionary */
+    PyObject *rec = plan_of(args[0], buf, n);
     if (!rec) {
         if (PyErr_Occurred()) return NULL;
         Py_RETURN_NONE;
     }
-    /* held: the getters below can run Python code (a torch function mode), which could
-     * drop the plan from the dictionary */
-    Py_INCREF(rec);
     PyObject *out0 = NULL, *out1 = NULL, *res = NULL;
     if (PyTuple_CheckExact(rec) && PyTuple_GET_SIZE(rec) == 5 &&
         PyTuple_GET_ITEM(rec, 2) == args[4]) { /* a CUDA call's recording */
@@ -2382,6 +2528,215 @@ none:
     Py_DECREF(rec);
     Py_RETURN_NONE;
 }
+
+
+/* ---- The estimators' entry: their public functions' calls straight into the replay ----
+ *
+ * entry(fn, spec, prefix, names, defaults, order, npos, front, est, dispatch, config):
+ * a callable that takes fn's arguments (a Python function def name(a, b, ..., *, ...,
+ * time_dim, out=None) whose body is `return front(spec, args, time_dim, out)`, args in
+ * the row's order) and, for a call without out=, maps them to the row's order itself
+ * (names: fn's parameters but time_dim and out; defaults: theirs, or the entry type for
+ * none; order: each one's place in args; npos: how many may come by position) and tries
+ * the replay; where it does not take the call, front(spec, args, time_dim, None, True).
+ * A default that is the type Entry itself marks a required parameter.
+ * Anything else (out=, an unknown or repeated keyword, a missing argument, the replay
+ * swapped in est, _replay: a test's spy) is fn's own call. After other work, fn's frame,
+ * its keywords and the check that dynamo is not tracing cost 8-11 us of a 70 us call
+ * (docs/notes.md); dynamo traces fn itself (estimators.py). */
+
+#define ENTRY_MAX (KEY_ARGS + 2)
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict; /* __doc__, __name__, __wrapped__, ... */
+    PyObject *fn, *spec, *prefix, *names, *defaults, *front, *est, *dispatch, *config;
+    int n, npos;
+    int8_t order[KEY_ARGS];
+} entry_t;
+
+static PyObject *s_time_dim, *s_out, *s_plans, *s_current, *s_replay, *replay_fn;
+static PyTypeObject entry_type;
+
+static PyObject *entry_vcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                             PyObject *kwnames) {
+    entry_t *e = (entry_t *)self;
+    const Py_ssize_t npos = PyVectorcall_NARGS(nargsf);
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *vals[KEY_ARGS], *time_dim = NULL;
+    if (npos > e->npos || PyDict_GetItemWithError(e->est, s_replay) != replay_fn)
+        goto python;
+    for (int i = 0; i < e->n; i++) vals[i] = PyTuple_GET_ITEM(e->defaults, i);
+    for (Py_ssize_t i = 0; i < npos; i++) vals[i] = args[i];
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, j);
+        if (k == s_time_dim) {
+            time_dim = args[npos + j];
+            continue;
+        }
+        int i = 0;
+        while (i < e->n && PyTuple_GET_ITEM(e->names, i) != k) i++; /* interned names */
+        if (i == e->n || i < npos) goto python; /* out=, not interned, unknown, twice */
+        vals[i] = args[npos + j];
+    }
+    if (!time_dim) goto python;
+    PyObject *call_args = PyTuple_New(e->n);
+    if (!call_args) return NULL;
+    for (int i = 0; i < e->n; i++) {
+        if (vals[i] == (PyObject *)&entry_type) { /* required, not given */
+            Py_DECREF(call_args);
+            goto python;
+        }
+        Py_INCREF(vals[i]);
+        PyTuple_SET_ITEM(call_args, e->order[i], vals[i]);
+    }
+    PyObject *res = NULL;
+    PyObject *plans = PyDict_GetItemWithError(e->dispatch, s_plans);
+    PyObject *tuning = PyDict_GetItemWithError(e->config, s_current);
+    if (plans && tuning && PyDict_Check(plans)) {
+        PyObject *rargs[5] = {plans, e->prefix, call_args, time_dim, tuning};
+        res = replay_call(rargs);
+        if (res == Py_None) Py_CLEAR(res);
+    }
+    if (!res && !PyErr_Occurred()) {
+        PyObject *fargs[5] = {e->spec, call_args, time_dim, Py_None, Py_True};
+        res = PyObject_Vectorcall(e->front, fargs, 5, NULL);
+    }
+    Py_DECREF(call_args);
+    return res;
+python:
+    if (PyErr_Occurred()) return NULL;
+    return PyObject_Vectorcall(e->fn, args, nargsf, kwnames);
+}
+
+static PyObject *entry_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11 || !PyBytes_Check(args[2]) || !PyTuple_Check(args[3]) ||
+        !PyTuple_Check(args[4]) || !PyTuple_Check(args[5]) || !PyLong_Check(args[6]) ||
+        !PyDict_Check(args[8]) || !PyDict_Check(args[9]) || !PyDict_Check(args[10])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_cscan.entry(fn, spec, prefix, names, defaults, order, npos, front, "
+                        "est.__dict__, dispatch.__dict__, config.__dict__)");
+        return NULL;
+    }
+    const Py_ssize_t n = PyTuple_GET_SIZE(args[3]);
+    if (n > KEY_ARGS || PyTuple_GET_SIZE(args[4]) != n || PyTuple_GET_SIZE(args[5]) != n) {
+        PyErr_SetString(PyExc_ValueError, "_cscan.entry: names, defaults and order differ");
+        return NULL;
+    }
+    if (!s_time_dim && !(s_time_dim = PyUnicode_InternFromString("time_dim"))) return NULL;
+    if (!s_out && !(s_out = PyUnicode_InternFromString("out"))) return NULL;
+    if (!s_plans && !(s_plans = PyUnicode_InternFromString("_PLANS"))) return NULL;
+    if (!s_current && !(s_current = PyUnicode_InternFromString("_current"))) return NULL;
+    if (!s_replay && !(s_replay = PyUnicode_InternFromString("_replay"))) return NULL;
+    entry_t *e = PyObject_GC_New(entry_t, &entry_type);
+    if (!e) return NULL;
+    e->vectorcall = entry_vcall;
+    e->dict = NULL;
+    e->n = (int)n;
+    e->npos = (int)PyLong_AsLong(args[6]);
+    PyObject **slots[9] = {&e->fn, &e->spec, &e->prefix, &e->names, &e->defaults, &e->front,
+                           &e->est, &e->dispatch, &e->config};
+    const int from[9] = {0, 1, 2, 3, 4, 7, 8, 9, 10};
+    for (int i = 0; i < 9; i++) {
+        Py_INCREF(args[from[i]]);
+        *slots[i] = args[from[i]];
+    }
+    PyObject_GC_Track(e);
+    int bad = e->npos < 0 || e->npos > n;
+    for (Py_ssize_t i = 0; i < n && !bad; i++) {
+        PyObject *nm = PyTuple_GET_ITEM(args[3], i);
+        const long o = PyLong_AsLong(PyTuple_GET_ITEM(args[5], i));
+        bad = !PyUnicode_CheckExact(nm) || o < 0 || o >= n;
+        if (!bad) {
+            Py_INCREF(nm);
+            PyUnicode_InternInPlace(&nm); /* (the tuple's own is interned: the same one) */
+            bad = nm != PyTuple_GET_ITEM(args[3], i);
+            Py_DECREF(nm);
+        }
+        e->order[i] = (int8_t)o;
+    }
+    if (bad) {
+        Py_DECREF(e);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "_cscan.entry: a name not interned or an order "
+                                              "out of range");
+        return NULL;
+    }
+    return (PyObject *)e;
+}
+
+static int entry_traverse(entry_t *e, visitproc visit, void *arg) {
+    Py_VISIT(e->dict);
+    Py_VISIT(e->fn);
+    Py_VISIT(e->spec);
+    Py_VISIT(e->prefix);
+    Py_VISIT(e->names);
+    Py_VISIT(e->defaults);
+    Py_VISIT(e->front);
+    Py_VISIT(e->est);
+    Py_VISIT(e->dispatch);
+    Py_VISIT(e->config);
+    return 0;
+}
+
+static int entry_clear(entry_t *e) {
+    Py_CLEAR(e->dict);
+    Py_CLEAR(e->fn);
+    Py_CLEAR(e->spec);
+    Py_CLEAR(e->prefix);
+    Py_CLEAR(e->names);
+    Py_CLEAR(e->defaults);
+    Py_CLEAR(e->front);
+    Py_CLEAR(e->est);
+    Py_CLEAR(e->dispatch);
+    Py_CLEAR(e->config);
+    return 0;
+}
+
+static void entry_dealloc(entry_t *e) {
+    PyObject_GC_UnTrack(e);
+    entry_clear(e);
+    PyObject_GC_Del(e);
+}
+
+static PyObject *entry_repr(entry_t *e) {
+    PyObject *q = PyObject_GetAttrString(e->fn, "__qualname__");
+    if (!q) return NULL;
+    PyObject *r = PyUnicode_FromFormat("<function %S (C entry) at %p>", q, (void *)e);
+    Py_DECREF(q);
+    return r;
+}
+
+/* pickled by name, as a function is */
+static PyObject *entry_reduce(entry_t *e, PyObject *unused) {
+    return PyObject_GetAttrString(e->fn, "__qualname__");
+}
+
+static PyMethodDef entry_methods[] = {
+    {"__reduce__", (PyCFunction)entry_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef entry_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject entry_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rl_triton_core.scan._cscan.entry",
+    .tp_basicsize = sizeof(entry_t),
+    .tp_dealloc = (destructor)entry_dealloc,
+    .tp_vectorcall_offset = offsetof(entry_t, vectorcall),
+    .tp_repr = (reprfunc)entry_repr,
+    .tp_call = PyVectorcall_Call,
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "An estimator's public function: see its __wrapped__.",
+    .tp_traverse = (traverseproc)entry_traverse,
+    .tp_clear = (inquiry)entry_clear,
+    .tp_methods = entry_methods,
+    .tp_getset = entry_getset,
+    .tp_dictoffset = offsetof(entry_t, dict),
+};
 
 /* ---- The benchmark's same-bytes floor -------------------------------------------------
  *
@@ -2743,6 +3098,12 @@ static PyMethodDef methods[] = {
      "argument of the user's call, the scan's array it is (or -1; 0 and 1 for out= "
      "tensors), the number it is (0 gamma, 1 lambda, or -1), that number's range and, "
      "for an out= call, each tensor's extent in bytes; bytes for replay()."},
+    {"entry", (PyCFunction)(void (*)(void))entry_new, METH_FASTCALL,
+     "entry(fn, spec, prefix, names, defaults, order, npos, front, est.__dict__, "
+     "dispatch.__dict__, config.__dict__): an estimator's public function whose calls "
+     "without out= go straight to the replay (estimators.py)."},
+    {"forget", forget, METH_NOARGS,
+     "forget(): drop the replay's remembered plan lookups and switches (tests)."},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
      "replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds "
      "(recording, shape, dtype, tuning, two_out, alloc) under key(prefix, args, "
@@ -2788,5 +3149,19 @@ PyMODINIT_FUNC PyInit__cscan(void) {
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
     has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
-    return PyModule_Create(&module);
+    if (PyType_Ready(&entry_type) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    /* the replay as estimators.py holds it (where a test swapped it, entries step aside) */
+    if (!(replay_fn = PyObject_GetAttrString(m, "replay"))) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&entry_type); /* the type: also the "no default" of entry()'s defaults */
+    if (PyModule_AddObject(m, "Entry", (PyObject *)&entry_type) < 0) {
+        Py_DECREF(&entry_type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

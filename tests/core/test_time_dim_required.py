@@ -58,13 +58,15 @@ class _Ops(TorchDispatchMode):
 def _public_functions():
     """Every public function of ``rl_triton_core`` that takes a ``time_dim``, and the
     reference loops of the nine estimators (the token-level reference loops are the
-    token tests' business)."""
+    token tests' business). A function may be its C entry (``estimators._entry``): a
+    callable that unwraps to the function."""
     found = {}
     for mod, names in ((rc, rc.__all__), (reference, [n for n in ESTIMATORS
                                                      if hasattr(reference, n)])):
         for n in names:
             f = getattr(mod, n)
-            if inspect.isfunction(f) and "time_dim" in inspect.signature(f).parameters:
+            if (inspect.isfunction(inspect.unwrap(f))
+                    and "time_dim" in inspect.signature(f).parameters):
                 found[f"{mod.__name__}.{n}"] = f
     return found
 
