@@ -2255,8 +2255,14 @@ static PyObject *replay_overlapped(ctx_t *c, int threads, PyObject *call_args, o
  * plan's lookup (a bytes object made and hashed, the table's slot, the stored key) took
  * 2.5 and 2.9 us of a 70 us call on the 2-core VM (docs/notes.md). */
 
-#ifndef _WIN32
+/* glibc only: its setenv() never rewrites or frees a string it made, so a changed
+ * variable is a changed pointer (BSD's and Apple's libc rewrite their own strings in
+ * place, musl frees the old one: the same address can come back); elsewhere getenv() */
+#if defined(__GLIBC__)
+#define ENV_MEMO 1
 extern char **environ;
+#else
+#define ENV_MEMO 0
 #endif
 #define ENV_SNAP 256 /* variables: a larger environment is read each call */
 
@@ -2267,16 +2273,23 @@ static struct {
     char *snap[ENV_SNAP + 1];
 } env_memo;
 
+/* 1 where environ holds the remembered pointers, in order, and no more */
+static int env_same(char **e) {
+    if (!env_memo.valid || e != env_memo.arr || !e) return 0;
+    for (size_t i = 0; i <= env_memo.n; i++) /* slot by slot: a shorter array stops at NULL */
+        if (e[i] != env_memo.snap[i]) return 0;
+    return 1;
+}
+
 /* The two switches, read at call time as the Python path reads them
- * (RL_TRITON_CORE_BACKEND=auto|cpu|triton, RL_TRITON_CORE_CPU_KERNEL=numba): their values
- * are remembered with the environment's array of string pointers, and read again where
- * any pointer differs (setenv, putenv and unsetenv, os.environ's too, change one; a
- * string changed in place after putenv() is not seen). */
+ * (RL_TRITON_CORE_BACKEND=auto|cpu|triton, RL_TRITON_CORE_CPU_KERNEL=numba): with glibc,
+ * their values are remembered with the environment's array of string pointers, and read
+ * again where any pointer differs (setenv, putenv and unsetenv, os.environ's too, change
+ * one; a string changed in place after putenv() is not seen). */
 static void env_switches(int *cpu_ok, int *gpu_ok) {
-#ifndef _WIN32
+#if ENV_MEMO
     char **e = environ;
-    if (env_memo.valid && e == env_memo.arr && e &&
-        !memcmp(e, env_memo.snap, sizeof(char *) * (env_memo.n + 1))) {
+    if (env_same(e)) {
         *cpu_ok = env_memo.cpu_ok;
         *gpu_ok = env_memo.gpu_ok;
         return;
@@ -2287,7 +2300,7 @@ static void env_switches(int *cpu_ok, int *gpu_ok) {
     const char *kernel = getenv("RL_TRITON_CORE_CPU_KERNEL");
     *cpu_ok = (auto_ || !strcmp(backend, "cpu")) && !(kernel && !strcmp(kernel, "numba"));
     *gpu_ok = auto_ || !strcmp(backend, "triton");
-#ifndef _WIN32
+#if ENV_MEMO
     size_t n = 0;
     env_memo.valid = 0;
     if (!e) return;
@@ -2305,7 +2318,8 @@ static void env_switches(int *cpu_ok, int *gpu_ok) {
 /* The last plans found, by key: the table (a strong reference: no other dictionary can
  * take its address), the plan, the key. An entry holds while the table is unchanged:
  * its version tag (Python 3.11) or, from 3.12 on, no event of the dictionary watcher on
- * it since (a change of any watched table retires every entry). */
+ * it since (a change of any watched table retires every entry). An entry keeps its
+ * table and plan alive until it is replaced (at most four; forget() drops them). */
 #define HITS 4
 typedef struct {
     PyObject *plans, *rec;
@@ -2540,8 +2554,10 @@ none:
  * none; order: each one's place in args; npos: how many may come by position) and tries
  * the replay; where it does not take the call, front(spec, args, time_dim, None, True).
  * A default that is the type Entry itself marks a required parameter.
- * Anything else (out=, an unknown or repeated keyword, a missing argument, the replay
- * swapped in est, _replay: a test's spy) is fn's own call. After other work, fn's frame,
+ * Anything else (out= a tensor, an unknown or repeated keyword, a missing argument, the
+ * replay swapped in est, _replay: a test's spy) is fn's own call. front and the defaults
+ * are taken when the entry is made (a later change to fn's defaults or estimators._front
+ * is not seen). After other work, fn's frame,
  * its keywords and the check that dynamo is not tracing cost 8-11 us of a 70 us call
  * (docs/notes.md); dynamo traces fn itself (estimators.py). */
 
@@ -2550,6 +2566,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict; /* __doc__, __name__, __wrapped__, ... */
+    PyObject *weakrefs;
     PyObject *fn, *spec, *prefix, *names, *defaults, *front, *est, *dispatch, *config;
     int n, npos;
     int8_t order[KEY_ARGS];
@@ -2564,6 +2581,10 @@ static PyObject *entry_vcall(PyObject *self, PyObject *const *args, size_t nargs
     const Py_ssize_t npos = PyVectorcall_NARGS(nargsf);
     const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     PyObject *vals[KEY_ARGS], *time_dim = NULL;
+    if (!e->fn) { /* cleared (a finalizer after the collector's clear) */
+        PyErr_SetString(PyExc_RuntimeError, "an rl_triton_core entry used after its clear");
+        return NULL;
+    }
     if (npos > e->npos || PyDict_GetItemWithError(e->est, s_replay) != replay_fn)
         goto python;
     for (int i = 0; i < e->n; i++) vals[i] = PyTuple_GET_ITEM(e->defaults, i);
@@ -2574,6 +2595,7 @@ static PyObject *entry_vcall(PyObject *self, PyObject *const *args, size_t nargs
             time_dim = args[npos + j];
             continue;
         }
+        if (k == s_out && args[npos + j] == Py_None) continue; /* out=None: none */
         int i = 0;
         while (i < e->n && PyTuple_GET_ITEM(e->names, i) != k) i++; /* interned names */
         if (i == e->n || i < npos) goto python; /* out=, not interned, unknown, twice */
@@ -2592,7 +2614,7 @@ static PyObject *entry_vcall(PyObject *self, PyObject *const *args, size_t nargs
     }
     PyObject *res = NULL;
     PyObject *plans = PyDict_GetItemWithError(e->dispatch, s_plans);
-    PyObject *tuning = PyDict_GetItemWithError(e->config, s_current);
+    PyObject *tuning = plans ? PyDict_GetItemWithError(e->config, s_current) : NULL;
     if (plans && tuning && PyDict_Check(plans)) {
         PyObject *rargs[5] = {plans, e->prefix, call_args, time_dim, tuning};
         res = replay_call(rargs);
@@ -2632,6 +2654,7 @@ static PyObject *entry_new(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (!e) return NULL;
     e->vectorcall = entry_vcall;
     e->dict = NULL;
+    e->weakrefs = NULL;
     e->n = (int)n;
     e->npos = (int)PyLong_AsLong(args[6]);
     PyObject **slots[9] = {&e->fn, &e->spec, &e->prefix, &e->names, &e->defaults, &e->front,
@@ -2643,10 +2666,12 @@ static PyObject *entry_new(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     PyObject_GC_Track(e);
     int bad = e->npos < 0 || e->npos > n;
+    uint32_t seen = 0; /* order: a permutation */
     for (Py_ssize_t i = 0; i < n && !bad; i++) {
         PyObject *nm = PyTuple_GET_ITEM(args[3], i);
         const long o = PyLong_AsLong(PyTuple_GET_ITEM(args[5], i));
-        bad = !PyUnicode_CheckExact(nm) || o < 0 || o >= n;
+        bad = !PyUnicode_CheckExact(nm) || o < 0 || o >= n || (seen >> o & 1);
+        if (!bad) seen |= 1u << o;
         if (!bad) {
             Py_INCREF(nm);
             PyUnicode_InternInPlace(&nm); /* (the tuple's own is interned: the same one) */
@@ -2695,11 +2720,13 @@ static int entry_clear(entry_t *e) {
 
 static void entry_dealloc(entry_t *e) {
     PyObject_GC_UnTrack(e);
+    if (e->weakrefs) PyObject_ClearWeakRefs((PyObject *)e);
     entry_clear(e);
     PyObject_GC_Del(e);
 }
 
 static PyObject *entry_repr(entry_t *e) {
+    if (!e->fn) return PyUnicode_FromString("<function (C entry), cleared>");
     PyObject *q = PyObject_GetAttrString(e->fn, "__qualname__");
     if (!q) return NULL;
     PyObject *r = PyUnicode_FromFormat("<function %S (C entry) at %p>", q, (void *)e);
@@ -2709,7 +2736,17 @@ static PyObject *entry_repr(entry_t *e) {
 
 /* pickled by name, as a function is */
 static PyObject *entry_reduce(entry_t *e, PyObject *unused) {
+    if (!e->fn) return PyUnicode_FromString("?");
     return PyObject_GetAttrString(e->fn, "__qualname__");
+}
+
+/* a method where a class holds it, as a function is */
+static PyObject *entry_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
 }
 
 static PyMethodDef entry_methods[] = {
@@ -2721,7 +2758,7 @@ static PyGetSetDef entry_getset[] = {
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject entry_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rl_triton_core.scan._cscan.entry",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rl_triton_core.scan._cscan.Entry",
     .tp_basicsize = sizeof(entry_t),
     .tp_dealloc = (destructor)entry_dealloc,
     .tp_vectorcall_offset = offsetof(entry_t, vectorcall),
@@ -2736,6 +2773,8 @@ static PyTypeObject entry_type = {
     .tp_methods = entry_methods,
     .tp_getset = entry_getset,
     .tp_dictoffset = offsetof(entry_t, dict),
+    .tp_weaklistoffset = offsetof(entry_t, weakrefs),
+    .tp_descr_get = entry_get,
 };
 
 /* ---- The benchmark's same-bytes floor -------------------------------------------------

@@ -9,6 +9,8 @@ import inspect
 import os
 import pickle
 import random
+import sys
+import weakref
 
 import pytest
 import torch
@@ -117,6 +119,7 @@ def test_each_entry_is_its_function():
         assert pickle.loads(pickle.dumps(e)) is e
         assert name in repr(e)
         assert getattr(e, "__original_fn") is fn  # noqa: B009 (what dynamo traces)
+        assert weakref.ref(e)() is e
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -192,19 +195,52 @@ def test_a_cleared_table_is_not_repeated(python_calls):
 
 
 def test_an_environment_switch_is_read_each_call(python_calls, monkeypatch):
+    """The replay remembers the two switches while the environment's pointers are the
+    same: a value changed in place (an existing variable set again) must be seen."""
+    monkeypatch.setenv("RL_TRITON_CORE_CPU_FIRST", "0")
+    monkeypatch.setenv("RL_TRITON_CORE_CPU_KERNEL", "c")  # exists before the calls
     g = torch.Generator().manual_seed(3)
     r, v = torch.randn(4, 30, generator=g), torch.randn(4, 30, generator=g)
     d = torch.rand(4, 30, generator=g) < 0.1
     rc.gae(r, v, d, time_dim=-1)
     rc.gae(r, v, d, time_dim=-1)
     assert python_calls == ["gae"]
-    monkeypatch.setenv("RL_TRITON_CORE_CPU_FIRST", "0")
-    monkeypatch.setenv("RL_TRITON_CORE_CPU_KERNEL", "numba")  # the C path off: Python's
+    os.environ["RL_TRITON_CORE_CPU_KERNEL"] = "numba"  # the C path off: Python's
     rc.gae(r, v, d, time_dim=-1)
     assert python_calls == ["gae"] * 2
-    monkeypatch.delenv("RL_TRITON_CORE_CPU_KERNEL")
+    os.environ["RL_TRITON_CORE_CPU_KERNEL"] = "c"
     rc.gae(r, v, d, time_dim=-1)
     assert python_calls == ["gae"] * 2
+
+
+def test_a_repeated_call_runs_no_python(python_calls):
+    """A replayed call runs neither the Python function nor the front door (profiled
+    frames); a call with out= is the function's own."""
+    g = torch.Generator().manual_seed(5)
+    r, v = torch.randn(4, 30, generator=g), torch.randn(4, 30, generator=g)
+    d = torch.rand(4, 30, generator=g) < 0.1
+    codes = {rc.gae.__wrapped__.__code__: "gae", estimators._front.__code__: "_front"}
+    frames = []
+
+    def prof(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            frames.append(codes[frame.f_code])
+
+    def profiled(fn):
+        sys.setprofile(prof)
+        try:
+            return fn()
+        finally:
+            sys.setprofile(None)
+
+    profiled(lambda: rc.gae(r, v, d, time_dim=-1))
+    assert frames == ["_front"]  # recorded: the entry, then the front door
+    frames.clear()
+    profiled(lambda: rc.gae(r, v, d, gamma=0.9, time_dim=-1, out=None))
+    assert frames == [] and python_calls == ["gae"]
+    out = (torch.empty_like(r), torch.empty_like(r))
+    profiled(lambda: rc.gae(r, v, d, time_dim=-1, out=out))
+    assert frames == ["gae", "_front"]
 
 
 def test_dynamo_traces_the_function():
