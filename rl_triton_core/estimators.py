@@ -4,7 +4,8 @@ A row (``_table.Estimator``, registered by :func:`_row`) names the estimator's t
 arguments and the kernel slots they feed, its coefficients, outputs, checks, backward
 and the scan mode (the coefficient builder each backend runs); every layer below works
 from it. Each function validates its inputs through the one front door,
-:func:`_front`. The math lives in the docstrings here, in ``reference.py`` (float64
+:func:`_front`; where the C extension is built, each is its C entry (:func:`_entry`),
+which repeats a recorded call in C before any Python runs. The math lives in the docstrings here, in ``reference.py`` (float64
 loops) and in the coefficient builders of ``scan/_kernel.py`` / ``scan/_cpu.py``.
 
 Conventions (docs/semantics.md): flags are step-aligned,
