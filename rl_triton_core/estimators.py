@@ -5,8 +5,9 @@ arguments and the kernel slots they feed, its coefficients, outputs, checks, bac
 and the scan mode (the coefficient builder each backend runs); every layer below works
 from it. Each function validates its inputs through the one front door,
 :func:`_front`; where the C extension is built, each is its C entry (:func:`_entry`),
-which repeats a recorded call in C before any Python runs. The math lives in the docstrings here, in ``reference.py`` (float64
-loops) and in the coefficient builders of ``scan/_kernel.py`` / ``scan/_cpu.py``.
+which repeats a recorded call in C before any Python runs. The math lives in the
+docstrings here, in ``reference.py`` (float64 loops) and in the coefficient builders of
+``scan/_kernel.py`` / ``scan/_cpu.py``.
 
 Conventions (docs/semantics.md): flags are step-aligned,
 ``terminated_t`` cuts the bootstrap, ``done_t = terminated_t or truncated_t``
@@ -600,7 +601,7 @@ def _entry(fn, spec: Estimator):
     return e
 
 
-for _name in ("gae", "gae_advantages", "lambda_returns", "discounted_returns", "vtrace",
-              "retrace", "eligibility_traces", "episodic_cumsum", "linear_recurrence"):
-    globals()[_name] = _entry(globals()[_name], TABLE[_name])
+for _name in __all__:  # every row's function (retrace_from_actions has no row)
+    if _name in TABLE:
+        globals()[_name] = _entry(globals()[_name], TABLE[_name])
 del _name

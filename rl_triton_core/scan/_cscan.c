@@ -2319,7 +2319,7 @@ static void env_switches(int *cpu_ok, int *gpu_ok) {
  * take its address), the plan, the key. An entry holds while the table is unchanged:
  * its version tag (Python 3.11) or, from 3.12 on, no event of the dictionary watcher on
  * it since (a change of any watched table retires every entry). An entry keeps its
- * table and plan alive until it is replaced (at most four; forget() drops them). */
+ * table and plan alive until it is replaced (at most four). */
 #define HITS 4
 typedef struct {
     PyObject *plans, *rec;
@@ -2393,33 +2393,6 @@ static PyObject *plan_of(PyObject *plans, const char *key, Py_ssize_t n) {
         Py_XDECREF(old_rec);
     }
     return rec;
-}
-
-/* forget(): drop every remembered plan (tests; a plan's memory held by them goes) */
-static PyObject *forget(PyObject *self, PyObject *unused) {
-    for (int i = 0; i < HITS; i++) {
-        PyObject *p = hits[i].plans, *r = hits[i].rec;
-        hits[i].plans = hits[i].rec = NULL;
-        hits[i].n = 0;
-        Py_XDECREF(p);
-        Py_XDECREF(r);
-    }
-    env_memo.valid = 0;
-    Py_RETURN_NONE;
-}
-
-/* replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds a
- * recording of it, under key(prefix, args, time_dim, tuning), as (replay_t bytes, output shape,
- * output dtype, tuning, two outputs, the outputs' allocator); else None (the Python path
- * takes the call). */
-static PyObject *replay_call(PyObject *const *args);
-
-static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyDict_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "_cscan.replay(plans, prefix, args, time_dim, tuning)");
-        return NULL;
-    }
-    return replay_call(args);
 }
 
 /* replay()'s work: args = (plans (a dict), prefix, args, time_dim, tuning) */
@@ -2543,6 +2516,18 @@ none:
     Py_RETURN_NONE;
 }
 
+/* replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds a
+ * recording of it, under key(prefix, args, time_dim, tuning), as (replay_t bytes, output shape,
+ * output dtype, tuning, two outputs, the outputs' allocator); else None (the Python path
+ * takes the call). */
+static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.replay(plans, prefix, args, time_dim, tuning)");
+        return NULL;
+    }
+    return replay_call(args);
+}
+
 
 /* ---- The estimators' entry: their public functions' calls straight into the replay ----
  *
@@ -2561,13 +2546,15 @@ none:
  * its keywords and the check that dynamo is not tracing cost 8-11 us of a 70 us call
  * (docs/notes.md); dynamo traces fn itself (estimators.py). */
 
-#define ENTRY_MAX (KEY_ARGS + 2)
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict; /* __doc__, __name__, __wrapped__, ... */
     PyObject *weakrefs;
-    PyObject *fn, *spec, *prefix, *names, *defaults, *front, *est, *dispatch, *config;
+#define ENTRY_OBJS(X) X(fn) X(spec) X(prefix) X(names) X(defaults) X(front) X(est) X(dispatch) X(config)
+#define ENTRY_FIELD(f) PyObject *f;
+    ENTRY_OBJS(ENTRY_FIELD)
+#undef ENTRY_FIELD
     int n, npos;
     int8_t order[KEY_ARGS];
 } entry_t;
@@ -2691,30 +2678,18 @@ static PyObject *entry_new(PyObject *self, PyObject *const *args, Py_ssize_t nar
 }
 
 static int entry_traverse(entry_t *e, visitproc visit, void *arg) {
+#define ENTRY_VISIT(f) Py_VISIT(e->f);
     Py_VISIT(e->dict);
-    Py_VISIT(e->fn);
-    Py_VISIT(e->spec);
-    Py_VISIT(e->prefix);
-    Py_VISIT(e->names);
-    Py_VISIT(e->defaults);
-    Py_VISIT(e->front);
-    Py_VISIT(e->est);
-    Py_VISIT(e->dispatch);
-    Py_VISIT(e->config);
+    ENTRY_OBJS(ENTRY_VISIT)
+#undef ENTRY_VISIT
     return 0;
 }
 
 static int entry_clear(entry_t *e) {
+#define ENTRY_CLEAR(f) Py_CLEAR(e->f);
     Py_CLEAR(e->dict);
-    Py_CLEAR(e->fn);
-    Py_CLEAR(e->spec);
-    Py_CLEAR(e->prefix);
-    Py_CLEAR(e->names);
-    Py_CLEAR(e->defaults);
-    Py_CLEAR(e->front);
-    Py_CLEAR(e->est);
-    Py_CLEAR(e->dispatch);
-    Py_CLEAR(e->config);
+    ENTRY_OBJS(ENTRY_CLEAR)
+#undef ENTRY_CLEAR
     return 0;
 }
 
@@ -3141,8 +3116,6 @@ static PyMethodDef methods[] = {
      "entry(fn, spec, prefix, names, defaults, order, npos, front, est.__dict__, "
      "dispatch.__dict__, config.__dict__): an estimator's public function whose calls "
      "without out= go straight to the replay (estimators.py)."},
-    {"forget", forget, METH_NOARGS,
-     "forget(): drop the replay's remembered plan lookups and switches (tests)."},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
      "replay(plans, prefix, args, time_dim, tuning): the call's result where plans holds "
      "(recording, shape, dtype, tuning, two_out, alloc) under key(prefix, args, "
