@@ -146,14 +146,24 @@ def tests(session):
         _wheel_smoke(session)  # and the wheel must install and run outside the tree
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def tests_long(session):
     """The long CI tier: the tests marked ``long`` (the second fuzz chunk of each
     estimator, the second share of the hypothesis examples, the interpreter's full
-    gradchecks), in the same environment as ``tests``; .ci/run runs it after ``tests``."""
-    _suite(session)
+    gradchecks), run in the environment of ``tests`` (``.nox/tests``), not one of its own:
+    a second copy of the suite's installs (Ray, torch, triton, transformers) is several
+    GB of disk. Where ``tests`` has not run, its installs run first (``--install-only``)."""
+    envdir = Path(session.invoked_from) / ".nox" / "tests"
+    python = _venv_python(envdir)
+    if not Path(python).exists():
+        session.run(sys.executable, "-m", "nox", "-s", "tests", "--install-only",
+                    external=True)
+    session.env["TRITON_INTERPRET"] = "1"
+    session.env["PYTHONHASHSEED"] = "0"
+    session.env["PATH"] = os.pathsep.join([str(Path(python).parent),
+                                           os.environ.get("PATH", "")])
     args = session.posargs or ["-m", f"long and {CI_MARKS}", "-n", "2", "--durations=15"]
-    session.run("python", "-m", "pytest", *args)
+    session.run(python, "-m", "pytest", *args, external=True)
 
 
 def _venv_python(path: Path) -> str:

@@ -72,24 +72,35 @@ static PyObject *s_enter_hook, *s_exit_hook, *s_calls;
 typedef PyObject *(*ext_alloc_t)(int, const int64_t *, const int64_t *, int, int, int, int);
 static ext_alloc_t ext_alloc;
 
-/* gpu_alloc(alloc, plain): the C replay allocates through the capsule alloc's function
- * from now on (_torchalloc.py checks its dtype numbers first), and checks tensors
- * through plain's where it is a capsule (else by their attributes); gpu_alloc(None,
- * None): the Python functions and attributes again. True */
+/* gpu_alloc(alloc, plain[, blob[, view]]): the C replay allocates through the capsule
+ * alloc's function from now on (_torchalloc.py checks its dtype numbers first), checks
+ * tensors through plain's where it is a capsule (else by their attributes), makes its
+ * CPU outputs from the block cache through blob's and reads CPU tensors through view's
+ * where those are capsules (else through DLPack); gpu_alloc(None, None): the Python
+ * functions, attributes and DLPack again.
+ * True */
 static PyObject *gpu_alloc(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "_cscan.gpu_alloc(alloc, plain)");
+    if (nargs < 2 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.gpu_alloc(alloc, plain[, blob[, view]])");
         return NULL;
     }
-    void *f = NULL, *p = NULL;
+    void *f = NULL, *p = NULL, *b = NULL, *v = NULL;
     if (args[0] != Py_None &&
         !(f = PyCapsule_GetPointer(args[0], "rl_triton_core._torchalloc.alloc")))
         return NULL;
     if (args[1] != Py_None &&
         !(p = PyCapsule_GetPointer(args[1], "rl_triton_core._torchalloc.plain")))
         return NULL;
+    if (nargs >= 3 && args[2] != Py_None &&
+        !(b = PyCapsule_GetPointer(args[2], "rl_triton_core._torchalloc.blob")))
+        return NULL;
+    if (nargs >= 4 && args[3] != Py_None &&
+        !(v = PyCapsule_GetPointer(args[3], "rl_triton_core._torchalloc.view")))
+        return NULL;
     ext_alloc = (ext_alloc_t)f;
     ext_plain = (ext_plain_t)p;
+    ext_blob = (ext_blob_t)b;
+    ext_view = (ext_view_t)v;
     Py_RETURN_TRUE;
 }
 

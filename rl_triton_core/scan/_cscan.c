@@ -1817,6 +1817,16 @@ typedef struct { /* DLPack 1.x's DLPackExchangeAPI: the entries used here, in or
     int (*dltensor_from_py_object_no_sync)(void *, dl_tensor_t *);
 } dl_api_t;
 
+/* _torchalloc.cpp's functions, where loaded (gpu_alloc): a tensor's check (whether it
+ * requires grad or has the negative bit), a CPU tensor's description with that check
+ * (0 plain, 1 not, 2 not described: DLPack then), and a CPU tensor over a block */
+typedef int (*ext_plain_t)(PyObject *);
+static ext_plain_t ext_plain;
+typedef int (*ext_view_t)(PyObject *, dl_tensor_t *);
+static ext_view_t ext_view;
+typedef PyObject *(*ext_blob_t)(void *, int, const int64_t *, int, void (*)(void *), void *);
+static ext_blob_t ext_blob;
+
 #define DL_CPU 1
 #define KEY_ARGS 16 /* arguments of a call the key covers, at most */
 #define KEY_DIMS 8  /* dimensions of a tensor the key covers, at most */
@@ -1840,9 +1850,13 @@ typedef struct {
  * device, shape, strides and address mod 16; then time_dim and the tuning) into buf; the tensors'
  * views into dl. Returns the key's length, 0 where the call has no key (an argument
  * of another type, a tensor subclass, too many arguments or dimensions), -1 with a
- * Python error set. */
+ * Python error set. *plain: 1 where every tensor is plain (needs no autograd, has no
+ * negative bit: see plain_tensor), 0 where one is not, -1 where not known (read through
+ * DLPack, which does not say). */
 static Py_ssize_t call_key(PyObject *prefix, PyObject *args, PyObject *time_dim,
-                           PyObject *tuning, char *buf, Py_ssize_t cap, dl_tensor_t *dl) {
+                           PyObject *tuning, char *buf, Py_ssize_t cap, dl_tensor_t *dl,
+                           int *plain) {
+    *plain = ext_view ? 1 : -1;
     if (!PyBytes_Check(prefix) || !PyTuple_Check(args) || !PyLong_CheckExact(time_dim))
         return 0;
     const Py_ssize_t n = PyTuple_GET_SIZE(args), np = PyBytes_GET_SIZE(prefix);
@@ -1853,9 +1867,15 @@ static Py_ssize_t call_key(PyObject *prefix, PyObject *args, PyObject *time_dim,
         PyObject *a = PyTuple_GET_ITEM(args, i);
         if (Py_IS_TYPE(a, tensor_type)) {
             dl_tensor_t *d = &dl[i];
-            if (dl_api->dltensor_from_py_object_no_sync(a, d)) {
-                PyErr_Clear(); /* not describable (sparse, nested): the Python path says why */
-                return 0;
+            const int v = ext_view ? ext_view(a, d) : 2;
+            if (v == 1) *plain = 0;
+            if (v == 2) {
+                *plain = *plain == 0 ? 0 : -1; /* not known: all_plain reads it */
+                if (dl_api->dltensor_from_py_object_no_sync(a, d)) {
+                    PyErr_Clear(); /* not describable (sparse, nested): the Python path
+                                      says why */
+                    return 0;
+                }
             }
             const int nd = d->ndim;
             /* recordings are of CPU calls, and of CUDA ones once one is kept (_claunch.h;
@@ -1933,10 +1953,54 @@ static PyObject *key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!dl_api) Py_RETURN_NONE;
     char buf[KEY_CAP];
     dl_tensor_t dl[KEY_ARGS];
-    const Py_ssize_t n = call_key(args[0], args[1], args[2], args[3], buf, KEY_CAP, dl);
+    int plain;
+    const Py_ssize_t n = call_key(args[0], args[1], args[2], args[3], buf, KEY_CAP, dl, &plain);
     if (n < 0) return NULL;
     if (n == 0) Py_RETURN_NONE;
     return PyBytes_FromStringAndSize(buf, n);
+}
+
+/* views(tensor, ext): the tensor's description as the replay reads it, through
+ * _torchalloc's view (ext true: None where it does not describe it) or DLPack (None where
+ * that fails): (data address, byte offset, device type, device index, ndim, (code, bits,
+ * lanes), shape, strides, plain: 1, 0, or -1 not known). _torchalloc compares the two
+ * before the replay reads tensors through the first. */
+static PyObject *views(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !dl_api || !Py_IS_TYPE(args[0], tensor_type)) {
+        PyErr_SetString(PyExc_TypeError, "_cscan.views(tensor, ext) after bind");
+        return NULL;
+    }
+    dl_tensor_t d;
+    int plain = -1;
+    if (PyObject_IsTrue(args[1])) {
+        if (!ext_view) Py_RETURN_NONE;
+        const int v = ext_view(args[0], &d);
+        if (v == 2) Py_RETURN_NONE;
+        plain = v == 0;
+    } else if (dl_api->dltensor_from_py_object_no_sync(args[0], &d)) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *shape = PyTuple_New(d.ndim), *strides = d.strides ? PyTuple_New(d.ndim) : NULL;
+    if (!shape || (d.strides && !strides)) goto fail;
+    for (int i = 0; i < d.ndim; i++) {
+        PyObject *x = PyLong_FromLongLong(d.shape[i]);
+        if (!x) goto fail;
+        PyTuple_SET_ITEM(shape, i, x);
+        if (strides) {
+            if (!(x = PyLong_FromLongLong(d.strides[i]))) goto fail;
+            PyTuple_SET_ITEM(strides, i, x);
+        }
+    }
+    return Py_BuildValue("(KKii i(iii)NNi)", (unsigned long long)(uintptr_t)d.data,
+                         (unsigned long long)d.byte_offset, (int)d.device.device_type,
+                         (int)d.device.device_id, (int)d.ndim, (int)d.dtype.code,
+                         (int)d.dtype.bits, (int)d.dtype.lanes, shape,
+                         strides ? strides : (Py_INCREF(Py_None), Py_None), plain);
+fail:
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    return NULL;
 }
 
 /* recording(prepared, addr, num, lo, hi): a replay_t as bytes: per argument of the call
@@ -2078,7 +2142,15 @@ static void block_drop(out_block_t *o) { block_unref(o); }
  * error set) where torch did not make one: torch may then have run the deleter already
  * (the tensor made, its Python object not), or not (it failed before it took it: the
  * block leaks, safer than a double free) */
+static void block_free(void *ctx) { block_unref((out_block_t *)ctx); }
+
 static PyObject *block_wrap(out_block_t *o) {
+    if (ext_blob) { /* c10's float32 and float64: 6, 7 (_torchalloc checks the numbers) */
+        PyObject *t = ext_blob(o->m.dl_tensor.data, o->m.dl_tensor.ndim, o->shape,
+                               o->m.dl_tensor.dtype.bits == 32 ? 6 : 7, block_free, o);
+        if (!t) PyErr_Clear();
+        return t;
+    }
     void *t = NULL;
     int (*to_py)(void *, void **) = (int (*)(void *, void **))dl_api->managed_tensor_to_py_object_no_sync;
     if (to_py(&o->m, &t) || !t) {
@@ -2163,8 +2235,6 @@ static PyObject *new_output(PyObject *alloc, PyObject *shape, PyObject *dtype, c
 /* 1 where the replay may take tensor a, 0 where the Python path must (a tensor that
  * requires grad: autograd, or detach; a view with the negative bit, x.conj().imag:
  * DLPack describes its memory, not its values), -1 with a Python error set */
-typedef int (*ext_plain_t)(PyObject *);
-static ext_plain_t ext_plain; /* _torchalloc.cpp's reading of the two, where loaded */
 
 static int plain_tensor(PyObject *a) {
     if (ext_plain) return ext_plain(a);
@@ -2194,7 +2264,7 @@ static int all_plain(PyObject *call_args) {
  * the tensors' checks, then the outputs' blocks made tensors. status: 1 done, 0 the
  * Python path must take the call, -1 a Python error set. */
 typedef struct {
-    PyObject *call_args;
+    PyObject *call_args; /* the tensors to check, or NULL: known to be plain */
     out_block_t *b[2]; /* blocks not (yet) handed to torch */
     PyObject *out[2];
     int status;
@@ -2202,7 +2272,7 @@ typedef struct {
 
 static int replay_side(void *p) {
     replay_side_t *a = (replay_side_t *)p;
-    a->status = all_plain(a->call_args);
+    a->status = a->call_args ? all_plain(a->call_args) : 1; /* NULL: known plain */
     for (int k = 0; k < 2 && a->status == 1; k++) {
         if (!a->b[k]) continue;
         a->out[k] = block_wrap(a->b[k]);
@@ -2402,8 +2472,9 @@ static PyObject *replay_call(PyObject *const *args) {
     env_switches(&cpu_ok, &gpu_ok);
     char buf[KEY_CAP];
     dl_tensor_t dl[KEY_ARGS];
-    const Py_ssize_t n = call_key(args[1], args[2], args[3], args[4], buf, KEY_CAP, dl);
-    if (n <= 0) {
+    int plain;
+    const Py_ssize_t n = call_key(args[1], args[2], args[3], args[4], buf, KEY_CAP, dl, &plain);
+    if (n <= 0 || plain == 0) { /* (a tensor that is not plain: the Python path) */
         PyErr_Clear();
         Py_RETURN_NONE;
     }
@@ -2461,15 +2532,14 @@ static PyObject *replay_call(PyObject *const *args) {
         if (b0) {
             c->o0.p = (char *)b0->m.dl_tensor.data;
             if (c->o1.p) c->o1.p = (char *)(two ? b1 : b0)->m.dl_tensor.data;
-            res = replay_overlapped(c, pr.threads, call_args, b0, b1);
+            res = replay_overlapped(c, pr.threads, plain == 1 ? NULL : call_args, b0, b1);
             Py_DECREF(rec);
             return res;
         }
     }
-    {
-        const int plain = all_plain(call_args);
+    if (plain < 0 && (plain = all_plain(call_args)) <= 0) {
         if (plain < 0) goto fail;
-        if (!plain) goto none;
+        goto none;
     }
     if (shape == Py_None) { /* an out= call: the scan writes into the user's tensors */
         PyObject *given[2] = {NULL, NULL};
@@ -3104,6 +3174,9 @@ static PyMethodDef methods[] = {
     {"bind_blocks", (PyCFunction)(void (*)(void))bind_blocks, METH_FASTCALL,
      "bind_blocks(_host, _ctoken, torch.float32, torch.float64): replay() makes the large "
      "outputs _host.empty would give from the block cache itself, through DLPack."},
+    {"views", (PyCFunction)(void (*)(void))views, METH_FASTCALL,
+     "views(tensor, ext): a tensor's description as the replay reads it, through "
+     "_torchalloc's view (ext true) or DLPack; None where that does not describe it."},
     {"key", (PyCFunction)(void (*)(void))key, METH_FASTCALL,
      "key(prefix, args, time_dim, tuning): the key replay() looks a call up by (bytes), "
      "or None where the call has none."},

@@ -21,7 +21,7 @@ from rl_triton_core._layout import Layout, _np_view
 from rl_triton_core._record import Alloc, Recorded
 from rl_triton_core._table import COEF_RANGE
 from rl_triton_core._validate import extent
-from rl_triton_core.scan import _claunch, _cpu_c
+from rl_triton_core.scan import _claunch, _cpu_c, _torchalloc
 
 _BACKENDS = ("auto", "triton", "cpu")
 _PLANS: dict = {}  # cache key -> _record.Recorded (or a C record, under a bytes key)
@@ -414,6 +414,10 @@ def _record_c(fast, rec, run, out0, out1, user_out=False):
         alloc = torch.empty if user_out else _host.allocator(shape, out0.dtype)
         _store(ckey, (crec, shape, out0.dtype, tune, out1 is not None, alloc))
         out_recorded = out_recorded or user_out
+        if _torchalloc.state == "not loaded":
+            # the C replay reads tensors and makes outputs through torch's C++ API from
+            # now on: loaded from the cache, or built in the background
+            _torchalloc.ensure()
 
 
 class CpuRun:

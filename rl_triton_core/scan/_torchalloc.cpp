@@ -22,6 +22,9 @@
 #include <Python.h>
 
 #include <ATen/core/TensorBase.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/Storage.h>
+#include <c10/core/TensorImpl.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
@@ -46,6 +49,60 @@ struct THPVariableHead {
 static int plain(PyObject *o) {
     const at::Tensor &t = reinterpret_cast<THPVariableHead *>(o)->cdata;
     return !t.requires_grad() && !t.is_neg();
+}
+
+/* DLPack's DLTensor, as _cscan.c declares it (dl_tensor_t) */
+struct DLView {
+    void *data;
+    int32_t device_type, device_id;
+    int32_t ndim;
+    uint8_t code, bits;
+    uint16_t lanes;
+    const int64_t *shape, *strides;
+    uint64_t byte_offset;
+};
+
+/* A CPU tensor's description, as torch's DLPack exchange table gives it
+ * (dltensor_from_py_object_no_sync) for the dtypes below, read from the tensor itself:
+ * 0 where it is plain (see plain()), 1 where it is not (described all the same), 2
+ * where this does not describe it (another device, layout or dtype, a tensor subclass
+ * in C++, symbolic sizes): the exchange table then. The caller checks o's type. */
+static int view(PyObject *o, DLView *d) try {
+    const at::Tensor &t = reinterpret_cast<THPVariableHead *>(o)->cdata;
+    c10::TensorImpl *impl = t.unsafeGetTensorImpl();
+    if (!impl || impl->device_type() != c10::DeviceType::CPU ||
+        impl->layout() != c10::kStrided || impl->has_symbolic_sizes_strides() ||
+        impl->key_set().has(c10::DispatchKey::Python) || impl->is_nested() ||
+        !impl->has_storage())
+        return 2;
+    uint8_t code, bits;
+    switch (c10::typeMetaToScalarType(impl->dtype())) {
+    case c10::ScalarType::Float: code = 2, bits = 32; break;
+    case c10::ScalarType::Double: code = 2, bits = 64; break;
+    case c10::ScalarType::Half: code = 2, bits = 16; break;
+    case c10::ScalarType::BFloat16: code = 4, bits = 16; break;
+    case c10::ScalarType::Bool: code = 6, bits = 8; break;
+    case c10::ScalarType::Byte: code = 1, bits = 8; break;
+    case c10::ScalarType::Char: code = 0, bits = 8; break;
+    case c10::ScalarType::Short: code = 0, bits = 16; break;
+    case c10::ScalarType::Int: code = 0, bits = 32; break;
+    case c10::ScalarType::Long: code = 0, bits = 64; break;
+    default: return 2;
+    }
+    const c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
+    d->data = const_cast<void *>(impl->data());
+    d->device_type = 1; /* kDLCPU */
+    d->device_id = 0;
+    d->ndim = static_cast<int32_t>(sizes.size());
+    d->code = code;
+    d->bits = bits;
+    d->lanes = 1;
+    d->shape = sizes.data();
+    d->strides = strides.data();
+    d->byte_offset = 0;
+    return (impl->requires_grad() || impl->is_neg() || impl->is_conj()) ? 1 : 0;
+} catch (const std::exception &) {
+    return 2;
 }
 
 static bool head_matches() {
@@ -79,6 +136,29 @@ static PyObject *alloc(int ndim, const int64_t *size, const int64_t *stride, int
     }
 }
 
+/* A CPU tensor over memory the caller owns (size, contiguous strides, dtype), whose
+ * release calls free_fn(ctx): what at::from_blob makes, without its std::function
+ * context (one heap allocation a tensor). A new reference, or NULL with an error set. */
+static PyObject *blob(void *data, int ndim, const int64_t *size, int scalar_type,
+                      void (*free_fn)(void *), void *ctx) {
+    try {
+        const auto dtype = caffe2::TypeMeta::fromScalarType(static_cast<c10::ScalarType>(scalar_type));
+        int64_t numel = 1;
+        for (int i = 0; i < ndim; i++) numel *= size[i];
+        c10::Storage storage(c10::Storage::use_byte_size_t(),
+                             static_cast<size_t>(numel) * dtype.itemsize(),
+                             c10::DataPtr(data, ctx, free_fn, c10::Device(c10::DeviceType::CPU)),
+                             /*allocator=*/nullptr, /*resizable=*/false);
+        at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+            std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
+        t.unsafeGetTensorImpl()->set_sizes_contiguous(c10::IntArrayRef(size, ndim));
+        return THPVariable_Wrap(t);
+    } catch (const std::exception &e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }
+}
+
 static PyObject *scalar_type(PyObject *, PyObject *arg) {
     if (!THPDtype_Check(arg)) {
         PyErr_SetString(PyExc_TypeError, "scalar_type(dtype): a torch.dtype");
@@ -105,10 +185,24 @@ PyMODINIT_FUNC PyInit__torchalloc_ext(void) {
         Py_DECREF(m);
         return nullptr;
     }
-    if (head_matches()) {
+    cap = PyCapsule_New(reinterpret_cast<void *>(&blob), "rl_triton_core._torchalloc.blob",
+                        nullptr);
+    if (!cap || PyModule_AddObject(m, "blob", cap)) {
+        Py_XDECREF(cap);
+        Py_DECREF(m);
+        return nullptr;
+    }
+    if (head_matches()) { /* the functions that read a tensor through its Python object */
         cap = PyCapsule_New(reinterpret_cast<void *>(&plain), "rl_triton_core._torchalloc.plain",
                             nullptr);
         if (!cap || PyModule_AddObject(m, "plain", cap)) {
+            Py_XDECREF(cap);
+            Py_DECREF(m);
+            return nullptr;
+        }
+        cap = PyCapsule_New(reinterpret_cast<void *>(&view), "rl_triton_core._torchalloc.view",
+                            nullptr);
+        if (!cap || PyModule_AddObject(m, "view", cap)) {
             Py_XDECREF(cap);
             Py_DECREF(m);
             return nullptr;

@@ -287,3 +287,21 @@ def spy_c_replay(monkeypatch, sink):
 
     monkeypatch.setattr(estimators, "_replay", spy)
     monkeypatch.setattr(_cpu_c, "replay", spy)
+
+
+def through_torch_ext(kind: str):
+    """Set how the C replay reads tensors and makes its CPU outputs for a test: ``"C++"``
+    through ``_torchalloc``'s extension (built here where it is not cached; the test
+    skips where it cannot be), ``"DLPack"`` through DLPack and attribute reads. Returns
+    a function that restores the extension's use."""
+    import pytest
+
+    from rl_triton_core.scan import _torchalloc
+
+    if kind == "C++":
+        if not _torchalloc.ensure(wait=True):
+            pytest.skip(f"torch's C++ API extension: {_torchalloc.state}")
+        _torchalloc.use(True)
+    else:
+        _torchalloc.use(False)
+    return lambda: _torchalloc.use(_torchalloc.state == "loaded")

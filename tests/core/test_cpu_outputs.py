@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from core_testlib import through_torch_ext
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
@@ -16,6 +17,15 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("RL_TRITON_CORE_BACKEND", "auto") == "triton",
     reason="the CPU path's outputs",
 )
+
+
+@pytest.fixture(autouse=True, params=["C++", "DLPack"])
+def torch_ext(request):
+    """Every test twice: the replay reading tensors and making outputs through torch's
+    C++ API (``_torchalloc``), and through DLPack."""
+    restore = through_torch_ext(request.param)
+    yield request.param
+    restore()
 
 T = 40_000  # 160 KB of float32: above POOLED_MIN
 
@@ -101,7 +111,7 @@ def test_outputs_start_away_from_where_inputs_start():
 
 def test_the_replay_makes_its_outputs_in_c(monkeypatch):
     """A repeated call (the C replay) takes its outputs from the block cache itself,
-    through DLPack, without _host.empty's Python calls: no torch.frombuffer; the blocks
+    through DLPack or torch's C++ API, without _host.empty's Python calls: no torch.frombuffer; the blocks
     colored as _host.empty colors them, returned to the cache when freed, and the values
     those of the first (Python) call. With the cache swapped out (``_host._BLOCKS``) the
     replay uses the recorded allocator again."""

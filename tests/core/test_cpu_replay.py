@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from core_testlib import full_path, spy_c_replay
+from core_testlib import full_path, spy_c_replay, through_torch_ext
 
 import rl_triton_core as rc
 from rl_triton_core import estimators
@@ -20,6 +20,15 @@ pytestmark = [
                        reason="the CPU path only"),
 ]
 
+
+
+@pytest.fixture(autouse=True, params=["C++", "DLPack"])
+def torch_ext(request):
+    """Every test twice: the replay reading tensors and making outputs through torch's
+    C++ API (``_torchalloc``), and through DLPack."""
+    restore = through_torch_ext(request.param)
+    yield request.param
+    restore()
 
 @pytest.fixture
 def hits(monkeypatch):

@@ -161,3 +161,83 @@ def test_the_replay_checks_tensors_through_it(fresh, monkeypatch):
     assert replayed  # (a plain call)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def _random_views(g, n):
+    """n CPU tensors of random dtype, shape, strides, offset and flags."""
+    out = []
+    for i in range(n):
+        dtype = list(_torchalloc.SCALAR)[int(torch.randint(len(_torchalloc.SCALAR), (),
+                                                           generator=g))]
+        nd = int(torch.randint(0, 5, (), generator=g))
+        shape = [int(torch.randint(0, 6, (), generator=g)) for _ in range(nd)]
+        base = torch.randn([2 * s + 1 for s in shape] or [3], generator=g).to(dtype)
+        t = base[tuple(slice(1, None, 2) for _ in shape)] if nd else base[1]
+        if nd >= 2 and i % 3 == 0:
+            t = t.transpose(0, nd - 1)
+        if i % 5 == 0 and dtype.is_floating_point:
+            t = t.clone().requires_grad_(True) if i % 2 else t.detach()
+        out.append(t)
+    return out
+
+
+def test_the_replays_reading_of_a_tensor_is_dlpacks(fresh):
+    """The extension's view of a CPU tensor (the replay's key and addresses) is DLPack's
+    field for field, on random dtypes, shapes, strides and offsets; it says a tensor is
+    plain where it needs no autograd and has no negative bit. Where the two ever
+    differ, use() leaves the replay on DLPack."""
+    _needs_compiler()
+    assert _torchalloc.ensure(wait=True), _torchalloc.state
+    seed = int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator().manual_seed(seed)
+    views = _cpu_c._cscan.views
+    for t in _random_views(g, 60) + _torchalloc._view_samples():
+        ext, dl = views(t, True), views(t, False)
+        assert ext is not None and dl is not None, (t.shape, t.dtype, seed)
+        assert ext[:-1] == dl[:-1], (t.shape, t.stride(), t.dtype, seed)
+        assert ext[-1] == int(not t.requires_grad and not t.is_neg()) and dl[-1] == -1
+    assert _torchalloc._views_agree()
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    sparse = torch.eye(3).to_sparse()
+    for t in (nested, sparse, torch.ones(2, device="meta")):
+        assert views(t, True) is None  # not described: DLPack's reading (or the Python path)
+    _torchalloc.use(False)
+    assert views(torch.ones(2), True) is None  # off: DLPack only
+    _torchalloc.use(True)
+
+
+def test_replay_outputs_made_over_blocks_are_torchs_tensors(fresh):
+    """A replayed call's outputs made by the extension over the block cache's memory:
+    contiguous float tensors of the call's shape whose storage cannot grow, freed from
+    any thread back into the cache, and the same bits as the Python path's."""
+    _needs_compiler()
+    import threading
+
+    import rl_triton_core as rc
+    from rl_triton_core import _host
+
+    blocks = _host._BLOCKS if _host._BLOCKS is not None else _host._block_cache()
+    if not blocks or _cpu_c.replay is None or not hasattr(blocks, "blocks_api"):
+        pytest.skip("no block cache or no C replay")
+    assert _torchalloc.ensure(wait=True), _torchalloc.state
+    g = torch.Generator().manual_seed(7)
+    for dtype in (torch.float32, torch.float64):
+        r, v = (torch.randn(3, 30_000, generator=g, dtype=dtype) for _ in range(2))
+        done = torch.rand(3, 30_000, generator=g) < 0.01
+        first = rc.gae(r, v, done, gamma=0.9, lmbda=0.8, time_dim=-1)
+        for _ in range(3):
+            held = blocks.cache_info()["blocks"]
+            adv, ret = rc.gae(r, v, done, gamma=0.9, lmbda=0.8, time_dim=-1)
+            assert adv.untyped_storage().data_ptr() != first[0].untyped_storage().data_ptr()
+            assert adv.dtype == dtype and adv.shape == r.shape and adv.is_contiguous()
+            assert not adv.untyped_storage().resizable() and adv._base is None
+            assert torch.equal(adv, first[0]) and torch.equal(ret, first[1])
+            taken = blocks.cache_info()["blocks"]
+            assert taken <= held
+            adv.add_(1.0)
+            box = [adv, ret]
+            del adv, ret
+            th = threading.Thread(target=box.clear)  # the last references dropped there
+            th.start()
+            th.join()
+            assert blocks.cache_info()["blocks"] == taken + 2
