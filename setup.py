@@ -72,10 +72,12 @@ class OptionalBuildExt(build_ext):
 _SOURCES = {"rl_triton_core.scan._cscan": "rl_triton_core/scan/_cscan.c",
             "rl_triton_core.token._ctoken": "rl_triton_core/token/_ctoken.c"}
 ext_modules = [
-    # _cpool.h (the thread pool both kernels share) sits in rl_triton_core/
+    # _cpool.h and _cblocks.h (the thread pool and the output blocks' offsets both kernels
+    # share) sit in rl_triton_core/
     Extension(name, [src], extra_compile_args=_flags(), libraries=_libs(),
               include_dirs=["rl_triton_core"],
-              depends=["rl_triton_core/_cpool.h", "rl_triton_core/scan/_claunch.h"])
+              depends=["rl_triton_core/_cpool.h", "rl_triton_core/_cblocks.h",
+                       "rl_triton_core/scan/_claunch.h"])
     for name, src in _SOURCES.items()
     if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), src))
 ]

@@ -53,6 +53,7 @@
 #include <string.h>
 #include <stdlib.h>
 #include <math.h>
+#include "_cblocks.h"
 #include "_cpool.h"
 
 #define MODE_GAE 1
@@ -1017,24 +1018,41 @@ AVX512_INLINE k512_t k512_of(const ctx_t *c, const bconst_t *kc) {
     return k;
 }
 
+/* a thread that waits for another's segment (fast_units): a few cycles at a time */
+static inline void spin_pause(void) {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_ia32_pause();
+#endif
+}
+
 /* Work units [lo, hi) of a contiguous call with gamma and lambda numbers (kc: their
  * flag-free products): unit u is segment u % S of stream u / S. A stream's vectors
  * (vector j: steps [16 j, 16 j + 16), the top one maybe fewer) are cut into S segments
  * of c->seg vectors (S > 1: a few long streams on more threads); a segment below the top
- * one starts from h = 0, and fast_fixup later recomputes its first vectors from the
- * true carry.
+ * one starts from h = 0, and its first vectors are recomputed from the true carry
+ * (fast_fix) by its own thread once the segment above is done (done: a flag a unit, set
+ * when its unit is fixed up; a thread waits only for a unit taken before its own, as
+ * units are taken from the top), or, where done is NULL, by fast_fixup after all threads.
  *
- * fast_fixup: the segments below each stream's top one, in scan order: their first
- * vectors again, from the true carry (the h of the step above, as stored), down to the
- * first whose lane 0 did not take its carry; from there on, every carry was already the
- * true one. The same operations on the same values as one pass down the stream: the
- * same bits.
+ * fast_fix: a segment's first vectors again, from the true carry (the h of the step
+ * above, as stored), down to the first whose lane 0 did not take its carry; from there
+ * on, every carry was already the true one. The same operations on the same values as
+ * one pass down the stream: the same bits.
  *
  * Both for each vector path W (512: AVX-512, 256: AVX2): its function attributes FN,
  * vector type VT, constants KT (from K_OF), 16 steps VEC, and VT from one float in every
  * lane (SET1) or from a generic vector (FROM16). */
 #define FAST_WALK(W, FN, VT, KT, K_OF, VEC, SET1, FROM16)                             \
-    FN static void fast_units##W(const ctx_t *c, ssz lo, ssz hi, const bconst_t *kc) {  \
+    /* a segment's vectors jtop down to jlo again, from the true carry */             \
+    FN static void fast_fix##W(const ctx_t *c, const KT *k, const chain512_t *ch,        \
+                                      ssz jlo, ssz jtop) {                            \
+        (void)c;                                                                      \
+        VT h = SET1(ch->o0[16 * (jtop + 1)]);                                         \
+        unsigned cut = 0;                                                             \
+        for (ssz j = jtop; j >= jlo && !cut; j--) h = VEC(k, ch, 16 * j, h, &cut, 0, 0.0f); \
+    }                                                                                 \
+    FN static void fast_units##W(const ctx_t *c, ssz lo, ssz hi, const bconst_t *kc,   \
+                                 unsigned char *done) {                               \
         const ssz T = c->T, S = c->S;                                                 \
         const ssz q = (T - 1) / 16, t0 = 16 * q, m = T - t0;                          \
         const KT k = K_OF(c, kc);                                                     \
@@ -1060,22 +1078,22 @@ AVX512_INLINE k512_t k512_of(const ctx_t *c, const bconst_t *kc) {
                 j--;                                                                  \
             }                                                                         \
             for (; j >= jlo; j--) h = VEC(&k, &ch, 16 * j, h, &cut, 0, 0.0f);         \
+            if (!done) continue;                                                      \
+            if (sg < S - 1) { /* fixed up here, from the segment above once it is done */ \
+                while (!__atomic_load_n(&done[u + 1], __ATOMIC_ACQUIRE)) spin_pause(); \
+                fast_fix##W(c, &k, &ch, jlo, jlo + c->seg - 1);                       \
+            }                                                                         \
+            __atomic_store_n(&done[u], 1, __ATOMIC_RELEASE);                          \
         }                                                                             \
     }                                                                                 \
     FN static void fast_fixup##W(const ctx_t *c, const bconst_t *kc) {                \
         const ssz N = c->N1 * c->N2, S = c->S;                                        \
         const KT k = K_OF(c, kc);                                                     \
-        unsigned cut = 0;                                                             \
         for (ssz n = 0; n < N; n++) {                                                 \
             const views_t f = views_of(c, n, 1);                                      \
             const chain512_t ch = chain512_of(&f);                                    \
-            for (ssz sg = S - 2; sg >= 0; sg--) {                                     \
-                const ssz jlo = sg * c->seg, jtop = jlo + c->seg - 1;                 \
-                VT h = SET1(ch.o0[16 * (jtop + 1)]);                                  \
-                cut = 0;                                                              \
-                for (ssz j = jtop; j >= jlo && !cut; j--)                             \
-                    h = VEC(&k, &ch, 16 * j, h, &cut, 0, 0.0f);                       \
-            }                                                                         \
+            for (ssz sg = S - 2; sg >= 0; sg--)                                       \
+                fast_fix##W(c, &k, &ch, sg * c->seg, sg * c->seg + c->seg - 1);       \
         }                                                                             \
     }
 
@@ -1267,7 +1285,7 @@ static int fast256(const ctx_t *c) {
 
 /* streams [lo, hi), from the last (see run_job), the loop compiled once per mode,
  * contiguous or not */
-INLINE void fast_streams(const ctx_t *c, ssz lo, ssz hi) {
+INLINE void fast_streams(const ctx_t *c, ssz lo, ssz hi, unsigned char *done) {
     const int gae = c->mode == MODE_GAE, cont = fast_contiguous(c);
     tries_t tries = {0, 0};
     /* gamma lambda: every step's beta where no flag is set (gamma and lambda numbers) */
@@ -1277,11 +1295,11 @@ INLINE void fast_streams(const ctx_t *c, ssz lo, ssz hi) {
     for (ssz n = hi - 1; n >= lo; n--) fast_stream(c, n, G, C, kp, &tries)
 #if defined(__x86_64__)
     if (fast512(c)) {
-        fast_units512(c, lo, hi, &kc);
+        fast_units512(c, lo, hi, &kc, done);
         return;
     }
     if (fast256(c)) {
-        fast_units256(c, lo, hi, &kc);
+        fast_units256(c, lo, hi, &kc, done);
         return;
     }
 #endif
@@ -1378,12 +1396,16 @@ typedef struct {
 #endif
 } side_t;
 
+#define SEG_DONE_MAX 256 /* segments a call fixes up in its threads, at most */
+
 typedef struct {
     const ctx_t *c;
     ssz *next; /* the first unit nobody has taken */
     ssz units, chunk;
     int failed;
     side_t *side;
+    unsigned char *seg_done; /* the fast walk's segments done and fixed up (fast_units),
+                                or NULL: fixed up after (fast_fixup) */
 } job_t;
 
 static inline ssz take_units(const job_t *j) {
@@ -1430,7 +1452,7 @@ MULTIVERSION static void *run_job(void *arg) {
          * memory on the 2-core EPYC VM (and 1.8x from the caches) */
         for (ssz lo; (lo = take_units(j)) < j->units;) {
             const ssz hi = lo + j->chunk < j->units ? lo + j->chunk : j->units;
-            fast_streams(c, j->units - hi, j->units - lo);
+            fast_streams(c, j->units - hi, j->units - lo, j->seg_done);
         }
     }
 #endif
@@ -1490,10 +1512,21 @@ static int run_all(ctx_t *c, int threads, side_t *side) {
     if (job.chunk < 1) job.chunk = 1;
     job.failed = 0;
     job.side = side;
+    /* a few long streams cut into segments: each fixed up by its own thread, right after
+     * it (its code and its data still in that core's caches; after other work, the
+     * fixup after the threads took 3 us of RLlib's 55 us call on the 2-core VM) */
+    unsigned char seg_done[SEG_DONE_MAX];
+    job.seg_done = NULL;
+#if VEC8 && defined(__x86_64__)
+    if (c->fast && c->S > 1 && units <= SEG_DONE_MAX) {
+        memset(seg_done, 0, (size_t)units);
+        job.seg_done = seg_done;
+    }
+#endif
     pool_run(pool_job, &job, threads);
     const int failed = job.failed;
 #if VEC8 && defined(__x86_64__)
-    if (!failed && c->fast && c->S > 1) {
+    if (!failed && c->fast && c->S > 1 && !job.seg_done) {
         const bconst_t kc = bconst_of((float)c->gs * (float)c->lms);
         if (fast512(c))
             fast_fixup512(c, &kc);
@@ -1576,7 +1609,9 @@ static void plan_walk(ctx_t *c, int threads) {
         c->seg = T;
         c->nlanes = N;
         /* a few long streams on more threads: each cut into segments of whole vectors
-         * (at least FAST_SEG of them), fixed up after (fast_units512) */
+         * (at least FAST_SEG of them), fixed up by their threads (fast_units512); two
+         * or four segments a thread, claimed as threads come free, were no faster than
+         * one on RLlib's 100,000 steps on the 2-core VM */
 #if VEC8
         const ssz nvec = (T + 15) / 16;
         if (N < threads && (fast512(c) || fast256(c)) && nvec >= 2 * FAST_SEG) {
@@ -2069,23 +2104,76 @@ typedef struct {
 static const blocks_api_t *blocks_api; /* NULL: outputs through the recorded allocator */
 static PyObject *host_dict, *host_empty, *blocks_module, *dt_f32, *dt_f64, *s_blocks;
 
-/* one reference to the block dropped; the last returns it to the cache */
+/* Freed blocks kept here, descriptor and memory together, for the next call's outputs:
+ * after other work, taking an output's block from the cache (calloc, the cache's lock
+ * and list in the other extension) took 2.4 us for a call's first output on the 2-core
+ * VM, mostly memory pages the call touched nowhere else (docs/notes.md). KEPT blocks at
+ * most, each of KEPT_MAX bytes at most, held besides the cache's own; taken and put
+ * with atomic exchanges (torch frees a tensor on any thread, without the GIL). */
+#if defined(__GNUC__) || defined(__clang__)
+#define KEPT 4
+#else
+#define KEPT 0
+#endif
+#define KEPT_MAX ((size_t)16 << 20)
+static out_block_t *kept[KEPT > 0 ? KEPT : 1];
+
+/* 1 where o went into a free slot of kept */
+static int kept_put(out_block_t *o) {
+#if KEPT
+    if (o->cap > KEPT_MAX) return 0;
+    for (int i = 0; i < KEPT; i++) {
+        out_block_t *empty = NULL;
+        if (__atomic_compare_exchange_n(&kept[i], &empty, o, 0, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED))
+            return 1;
+    }
+#else
+    (void)o;
+#endif
+    return 0;
+}
+
+static void block_release(out_block_t *o) {
+    blocks_api->put(o->mem, o->cap);
+    free(o);
+}
+
+/* a kept block whose memory holds need bytes (at most 1.25x: the cache's own rule), or
+ * NULL */
+static out_block_t *kept_take(size_t need) {
+#if KEPT
+    for (int i = 0; i < KEPT; i++) {
+        if (!__atomic_load_n(&kept[i], __ATOMIC_RELAXED)) continue;
+        out_block_t *o = __atomic_exchange_n(&kept[i], NULL, __ATOMIC_ACQUIRE);
+        if (!o) continue;
+        if (o->cap >= need && o->cap - need <= need / 4) return o;
+        if (!kept_put(o)) block_release(o);
+    }
+#else
+    (void)need;
+#endif
+    return NULL;
+}
+
+/* one reference to the block dropped; the last keeps it (kept) or returns it to the cache */
 static void block_unref(out_block_t *o) {
 #if defined(__GNUC__) || defined(__clang__)
     if (__atomic_sub_fetch(&o->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
 #else
     if (--o->refs != 0) return;
 #endif
-    blocks_api->put(o->mem, o->cap);
-    free(o);
+    if (!kept_put(o)) block_release(o);
 }
 
 static void out_block_free(dl_managed_t *self) { block_unref((out_block_t *)self); }
 
-/* An output's block from the cache and its DLPack description, not yet a tensor; NULL
- * with *done = 0 where the cache does not apply (another allocator, the cache off or
- * swapped, another dtype), or NULL with *done = 1 and an error set */
-static out_block_t *block_reserve(PyObject *alloc, PyObject *shape, PyObject *dtype, int *done) {
+/* An output's block (a kept one, else from the cache) and its DLPack description, not
+ * yet a tensor, its data at the offset of color k (_cblocks.h: a call's two outputs 0
+ * and 1); NULL with *done = 0 where the cache does not apply (another allocator, the
+ * cache off or swapped, another dtype), or NULL with *done = 1 and an error set */
+static out_block_t *block_reserve(PyObject *alloc, PyObject *shape, PyObject *dtype, unsigned k,
+                                  int *done) {
     *done = 0;
     if (!blocks_api || alloc != host_empty || (dtype != dt_f32 && dtype != dt_f64) ||
         !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > KEY_DIMS ||
@@ -2096,35 +2184,39 @@ static out_block_t *block_reserve(PyObject *alloc, PyObject *shape, PyObject *dt
     *done = 1;
     const int nd = (int)PyTuple_GET_SIZE(shape);
     const int64_t item = dtype == dt_f32 ? 4 : 8;
-    out_block_t *o = (out_block_t *)calloc(1, sizeof(out_block_t));
-    if (!o) return (out_block_t *)PyErr_NoMemory();
-    int64_t numel = 1;
+    int64_t sizes[KEY_DIMS], numel = 1;
     for (int i = 0; i < nd; i++) {
-        o->shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-        if (o->shape[i] < 0) {
-            free(o);
+        sizes[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+        if (sizes[i] < 0) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a negative size");
             return NULL;
         }
-        numel *= o->shape[i];
+        numel *= sizes[i];
+    }
+    const size_t bytes = (size_t)(numel * item);
+    out_block_t *o = kept_take(bytes + BLOCK_COLOR_SPAN);
+    if (!o) {
+        if (!(o = (out_block_t *)malloc(sizeof(out_block_t)))) return (out_block_t *)PyErr_NoMemory();
+        size_t off_unused = 0;
+        o->mem = blocks_api->get(bytes, &o->cap, &off_unused); /* (+ the span: see there) */
+        if (!o->mem) {
+            free(o);
+            return (out_block_t *)PyErr_NoMemory();
+        }
     }
     int64_t st = 1;
     for (int i = nd - 1; i >= 0; i--) { /* contiguous */
+        o->shape[i] = sizes[i];
         o->strides[i] = st;
-        st *= o->shape[i] > 0 ? o->shape[i] : 1;
-    }
-    size_t off = 0;
-    o->mem = blocks_api->get((size_t)(numel * item), &o->cap, &off);
-    if (!o->mem) {
-        free(o);
-        return (out_block_t *)PyErr_NoMemory();
+        st *= sizes[i] > 0 ? sizes[i] : 1;
     }
     o->refs = 1;
+    memset(&o->m, 0, sizeof(o->m));
     o->m.version.major = 1;
     o->m.version.minor = 0;
     o->m.manager_ctx = o;
     o->m.deleter = out_block_free;
-    o->m.dl_tensor.data = (char *)o->mem + off;
+    o->m.dl_tensor.data = (char *)o->mem + block_offset(o->mem, k);
     o->m.dl_tensor.device.device_type = DL_CPU;
     o->m.dl_tensor.ndim = nd;
     o->m.dl_tensor.dtype.code = 2; /* kDLFloat */
@@ -2163,9 +2255,9 @@ static PyObject *block_wrap(out_block_t *o) {
 /* The output as a block-cache tensor, or NULL with *done = 0 where this does not apply
  * (see block_reserve; also where torch did not make the tensor: the recorded allocator
  * then), or NULL with *done = 1 and an error set */
-static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype, char **data,
-                              int *done) {
-    out_block_t *o = block_reserve(alloc, shape, dtype, done);
+static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype, unsigned k,
+                              char **data, int *done) {
+    out_block_t *o = block_reserve(alloc, shape, dtype, k, done);
     if (!o) return NULL;
     PyObject *t = block_wrap(o);
     if (!t) {
@@ -2174,6 +2266,13 @@ static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype,
     }
     *data = (char *)o->m.dl_tensor.data;
     return t;
+}
+
+/* kept_blocks(): how many freed blocks the replay keeps (besides the cache's own) */
+static PyObject *kept_blocks(PyObject *self, PyObject *unused) {
+    int n = 0;
+    for (int i = 0; i < KEPT; i++) n += __atomic_load_n(&kept[i], __ATOMIC_RELAXED) != NULL;
+    return PyLong_FromLong(n);
 }
 
 /* bind_blocks(_host, _ctoken, torch.float32, torch.float64): large outputs of the
@@ -2215,9 +2314,10 @@ static PyObject *bind_blocks(PyObject *self, PyObject *const *args, Py_ssize_t n
 
 /* out = alloc(shape, dtype=dtype) (torch.empty, or _host.empty for a large output) and
  * its data pointer, or NULL */
-static PyObject *new_output(PyObject *alloc, PyObject *shape, PyObject *dtype, char **data) {
+static PyObject *new_output(PyObject *alloc, PyObject *shape, PyObject *dtype, unsigned k,
+                            char **data) {
     int done;
-    PyObject *b = block_output(alloc, shape, dtype, data, &done);
+    PyObject *b = block_output(alloc, shape, dtype, k, data, &done);
     if (b || done) return b;
     if (PyErr_Occurred()) return NULL;
     PyObject *call[2] = {shape, dtype};
@@ -2522,9 +2622,9 @@ static PyObject *replay_call(PyObject *const *args) {
     PyObject *alloc = PyTuple_GET_ITEM(rec, 5);
     if (shape != Py_None) { /* outputs from the block cache: the scan starts at once */
         int done;
-        out_block_t *b0 = block_reserve(alloc, shape, dtype, &done), *b1 = NULL;
+        out_block_t *b0 = block_reserve(alloc, shape, dtype, 0, &done), *b1 = NULL;
         if (!b0 && (done || PyErr_Occurred())) goto fail;
-        if (b0 && two && !(b1 = block_reserve(alloc, shape, dtype, &done))) {
+        if (b0 && two && !(b1 = block_reserve(alloc, shape, dtype, 1, &done))) {
             block_drop(b0);
             if (done) goto fail;
             b0 = NULL;
@@ -2565,8 +2665,8 @@ static PyObject *replay_call(PyObject *const *args) {
         return res;
     }
     char *p0, *p1 = NULL;
-    if (!(out0 = new_output(alloc, shape, dtype, &p0))) goto fail;
-    if (two && !(out1 = new_output(alloc, shape, dtype, &p1))) goto fail;
+    if (!(out0 = new_output(alloc, shape, dtype, 0, &p0))) goto fail;
+    if (two && !(out1 = new_output(alloc, shape, dtype, 1, &p1))) goto fail;
     c->o0.p = p0;
     if (c->o1.p) c->o1.p = two ? p1 : p0;
     if (execute(c, pr.threads) < 0) goto fail;
@@ -3174,6 +3274,9 @@ static PyMethodDef methods[] = {
     {"bind_blocks", (PyCFunction)(void (*)(void))bind_blocks, METH_FASTCALL,
      "bind_blocks(_host, _ctoken, torch.float32, torch.float64): replay() makes the large "
      "outputs _host.empty would give from the block cache itself, through DLPack."},
+    {"kept_blocks", kept_blocks, METH_NOARGS,
+     "kept_blocks(): how many freed output blocks the replay keeps for its next outputs, "
+     "besides the block cache's own."},
     {"views", (PyCFunction)(void (*)(void))views, METH_FASTCALL,
      "views(tensor, ext): a tensor's description as the replay reads it, through "
      "_torchalloc's view (ext true) or DLPack; None where that does not describe it."},

@@ -43,6 +43,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #endif
+#include "_cblocks.h"
 #include "_cpool.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(_M_X64)) && !defined(_WIN32)
@@ -1826,16 +1827,8 @@ typedef struct {
     size_t off; /* the tensor's data: mem + off */
 } Block;
 
-/* Where in its block an output starts. The kernels walk their rows 64 bytes a step, the
-   reverse scans downwards: a load of the next inputs then follows the store of the last
-   outputs by a few cache lines, and where an output's address equals an input's in the
-   low 12 bits (4 KiB aliasing) the core takes the load as dependent on the store and
-   stalls it. Torch's and numpy's large tensors start 16 or 64 bytes past a page (ours
-   did at 0: blocks are 2 MiB-aligned), so outputs start 2 or 3 KiB past it instead,
-   in turn, so that a call's two outputs differ too: [4096, 128] GAE into page-aligned
-   outputs took 1.2x as long on the 2-core EPYC VM. */
-#define BLOCK_COLOR_SPAN 4096
-static const size_t block_colors[2] = {2048 + 64, 3072 + 64};
+/* Where in its block an output starts: _cblocks.h, in turn (a call's two outputs at
+   different offsets) */
 static unsigned block_turn;
 
 /* size bytes from the cache (or fresh) and where in the block they start (call it with
@@ -1843,7 +1836,7 @@ static unsigned block_turn;
 static void *blocks_get(size_t size, size_t *cap, size_t *off) {
     void *mem = pool_get(size + BLOCK_COLOR_SPAN, cap);
     if (mem) /* the first byte at the color's place in a 4 KiB page */
-        *off = (block_colors[block_turn++ & 1] - ((uintptr_t)mem & 4095)) & 4095;
+        *off = block_offset(mem, block_turn++);
     return mem;
 }
 

@@ -305,3 +305,12 @@ def through_torch_ext(kind: str):
     else:
         _torchalloc.use(False)
     return lambda: _torchalloc.use(_torchalloc.state == "loaded")
+
+
+def held_blocks(blocks) -> int:
+    """Freed output blocks held for later calls: the block cache's (``blocks``: the
+    ``_ctoken`` module) and those the C replay keeps itself."""
+    from rl_triton_core.scan import _cpu_c
+
+    kept = getattr(_cpu_c._cscan, "kept_blocks", None)
+    return blocks.cache_info()["blocks"] + (kept() if kept else 0)

@@ -213,6 +213,8 @@ def test_replay_outputs_made_over_blocks_are_torchs_tensors(fresh):
     _needs_compiler()
     import threading
 
+    from core_testlib import held_blocks
+
     import rl_triton_core as rc
     from rl_triton_core import _host
 
@@ -226,13 +228,13 @@ def test_replay_outputs_made_over_blocks_are_torchs_tensors(fresh):
         done = torch.rand(3, 30_000, generator=g) < 0.01
         first = rc.gae(r, v, done, gamma=0.9, lmbda=0.8, time_dim=-1)
         for _ in range(3):
-            held = blocks.cache_info()["blocks"]
+            held = held_blocks(blocks)
             adv, ret = rc.gae(r, v, done, gamma=0.9, lmbda=0.8, time_dim=-1)
             assert adv.untyped_storage().data_ptr() != first[0].untyped_storage().data_ptr()
             assert adv.dtype == dtype and adv.shape == r.shape and adv.is_contiguous()
             assert not adv.untyped_storage().resizable() and adv._base is None
             assert torch.equal(adv, first[0]) and torch.equal(ret, first[1])
-            taken = blocks.cache_info()["blocks"]
+            taken = held_blocks(blocks)
             assert taken <= held
             adv.add_(1.0)
             box = [adv, ret]
@@ -240,4 +242,4 @@ def test_replay_outputs_made_over_blocks_are_torchs_tensors(fresh):
             th = threading.Thread(target=box.clear)  # the last references dropped there
             th.start()
             th.join()
-            assert blocks.cache_info()["blocks"] == taken + 2
+            assert held_blocks(blocks) == taken + 2
