@@ -30,14 +30,13 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import importlib.util
+import json
 import os
 import shlex
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
-import time
 
 import torch
 
@@ -133,38 +132,88 @@ def _command(out: str, std: str) -> list[str]:
             "-ltorch_python", "-Wl,-rpath," + lib]
 
 
+# The build runs in a process of its own (no torch import: the commands come from here),
+# which holds a lock on the cache entry while it compiles and moves the finished file
+# into place itself: a caller that exits mid-build (a short script, a test process) leaves
+# neither a half-written file nor a compiler without an owner, and several processes
+# (RLlib's env runners, pytest's workers) starting at once compile it once.
+_BUILDER = r"""
+import fcntl, json, os, subprocess, sys, tempfile, time
+dest, suffix, commands = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+fd = os.open(dest + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | (0 if sys.argv[4] == "wait" else fcntl.LOCK_NB))
+except OSError:
+    sys.exit(3)  # another process is building it
+if os.path.exists(dest):
+    sys.exit(0)  # built while this one waited
+start = time.perf_counter()
+tfd, tmp = tempfile.mkstemp(suffix=suffix, dir=os.path.dirname(dest))
+os.close(tfd)
+err = ""
+try:
+    for command in commands:
+        try:
+            p = subprocess.run([tmp if a == "{out}" else a for a in command],
+                               capture_output=True, text=True)
+        except OSError as e:  # no compiler
+            err = str(e)
+            break
+        if p.returncode == 0:
+            seconds = time.perf_counter() - start
+            os.replace(tmp, dest)
+            with open(dest + ".seconds", "w") as f:
+                f.write(f"{seconds:.1f}\n")
+            sys.exit(0)
+        err = (p.stderr or p.stdout).strip()[-2000:]
+finally:
+    if os.path.exists(tmp):
+        os.unlink(tmp)
+with open(dest + ".failed", "w") as f:
+    f.write(err + "\n")
+sys.exit(1)
+"""
+
+
+def _start_build(wait: bool) -> subprocess.Popen:
+    """The builder process for :func:`path` (``wait``: it waits for another builder's
+    lock instead of leaving at once with exit code 3)."""
+    dest = path()
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    # torch 2.13's headers want C++20; older ones take 17
+    commands = [_command("{out}", std) for std in ("c++20", "c++17")]
+    return subprocess.Popen([sys.executable, "-c", _BUILDER, dest,
+                             sysconfig.get_config_var("EXT_SUFFIX"), json.dumps(commands),
+                             "wait" if wait else "try"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def build() -> float:
-    """Compile the extension into the cache (atomically: a finished file or none) and
-    return the seconds it took; RuntimeError with the compiler's message where it
-    fails (remembered: the first recorded call does not try again)."""
+    """Compile the extension into the cache (atomically: a finished file or none; where
+    another process is compiling it, wait for that one) and return the seconds it took;
+    RuntimeError with the compiler's message where it fails (remembered: the first
+    recorded call does not try again)."""
     if sys.platform == "win32":
         raise RuntimeError("not built on Windows (the C replay does not run there)")
     dest = path()
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    start = time.perf_counter()
-    fd, tmp = tempfile.mkstemp(suffix=sysconfig.get_config_var("EXT_SUFFIX"),
-                               dir=os.path.dirname(dest))
-    os.close(fd)
-    err = ""
+    code = _start_build(wait=True).wait()
+    return _built(dest, code)
+
+
+def _built(dest: str, code: int) -> float:
+    """The build time of the finished builder's file, or RuntimeError with its error."""
+    if code == 0 and os.path.exists(dest):
+        try:
+            with open(dest + ".seconds") as f:
+                return float(f.read())
+        except (OSError, ValueError):
+            return 0.0
     try:
-        for std in ("c++20", "c++17"):  # torch 2.13's headers want C++20; older take 17
-            try:
-                p = subprocess.run(_command(tmp, std), capture_output=True, text=True)
-            except OSError as e:  # no compiler
-                err = str(e)
-                break
-            if p.returncode == 0:
-                seconds = time.perf_counter() - start
-                os.replace(tmp, dest)
-                with open(dest + ".seconds", "w") as f:
-                    f.write(f"{seconds:.1f}\n")
-                return seconds
-            err = (p.stderr or p.stdout).strip()[-2000:]
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    with open(dest + ".failed", "w") as f:
-        f.write(err + "\n")
+        with open(dest + ".failed") as f:
+            err = f.read().strip()
+    except OSError:
+        err = f"the builder process exited with {code}"
     raise RuntimeError(f"rl_triton_core: {os.path.basename(SOURCE)} was not built: {err}")
 
 
@@ -189,10 +238,19 @@ def _load(p: str) -> bool:
     return True
 
 
-def _build_and_load():
+def _build_and_load(proc=None):
+    """Build (or wait for the builder ``proc``) and load; the state says what happened.
+    Where another process holds the build, this one goes on without the extension."""
     global state
     try:
-        build()
+        if proc is None:
+            build()
+        else:
+            code = proc.wait()
+            if code == 3:
+                state = "not loaded (another process is building it)"
+                return
+            _built(path(), code)
         with _lock:
             _load(path())
     except Exception as e:  # a compiler error, or a library that does not load
@@ -235,7 +293,12 @@ def ensure(wait: bool = False) -> bool:
     if wait:
         _build_and_load()
         return state == "loaded"
-    _thread = threading.Thread(target=_build_and_load, name="rl_triton_core-torchalloc",
-                               daemon=True)
+    try:
+        proc = _start_build(wait=False)
+    except OSError as e:  # no process could be started
+        state = f"failed: {e}"
+        return False
+    _thread = threading.Thread(target=_build_and_load, args=(proc,),
+                               name="rl_triton_core-torchalloc", daemon=True)
     _thread.start()
     return False

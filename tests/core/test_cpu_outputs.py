@@ -112,8 +112,9 @@ def test_outputs_start_away_from_where_inputs_start():
 def test_the_replay_makes_its_outputs_in_c(monkeypatch):
     """A repeated call (the C replay) takes its outputs from the block cache itself,
     through DLPack or torch's C++ API, without _host.empty's Python calls: no
-    torch.frombuffer; the blocks colored as _host.empty colors them, returned to the cache when freed, and the values
-    those of the first (Python) call. With the cache swapped out (``_host._BLOCKS``) the
+    torch.frombuffer; the blocks colored as _host.empty colors them, returned to the
+    cache (or kept by the replay) when freed, and the values those of the first (Python)
+    call. With the cache swapped out (``_host._BLOCKS``) the
     replay uses the recorded allocator again."""
     from rl_triton_core.scan import _cpu_c
 
