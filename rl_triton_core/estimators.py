@@ -65,12 +65,19 @@ __all__ = [
 ]
 
 
+# A torch.func transform is running (its interpreter stack is not empty): its tensors
+# (functionalized, batched, grad-tracking) have no memory of their own to read
+_transformed = torch._C._functorch.peek_interpreter_stack
+
+
 def _front(spec, args: tuple, time_dim, out, tried=False):
     """The one front door: ``args`` in the table row's order. Under torch.compile the
     row's custom op; with gradients the autograd Function; else the cached launch or
     the checked full path. ``tried``: the C entry (:func:`_entry`) has tried the C
     replay on this call already."""
-    if torch.compiler.is_compiling():  # one custom op per estimator in the traced graph
+    if torch.compiler.is_compiling() or _transformed():
+        # one custom op per estimator in the traced graph; under torch.func's transforms
+        # (functionalize, vmap, grad) the op too, whose tensors torch unwraps first
         return _ops.call(spec, args + _call.out_slots(out, spec.n_out), time_dim, out)
     if not tried and _replay is not None and (
             out is None or _claunch.recorded or _dispatch.out_recorded):

@@ -132,6 +132,7 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, count_ep
     res = _replay(prefix, (x, None, mask, None, 0.0, 0.0))
     if res is not None:
         return res
+    _not_transformed("masked_whiten")
     raw = (x, None, mask, None, 0.0, 0.0) + _numbers(0.0, 0.0)
     x = _validate.floating("x", _validate.tensor("x", x))
     mask = _validate.tensor("mask", mask, flag=True)
@@ -175,11 +176,22 @@ def _rows(t):
     return t.reshape(-1, t.shape[-1])
 
 
+def _not_transformed(name):
+    """NotImplementedError inside a torch.func transform (functionalize, vmap, grad):
+    the token kernels read the tensors' memory, which the transforms' tensors do not
+    have (the scan estimators run as their custom op there)."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        raise NotImplementedError(
+            f"rl_triton_core.{name} does not run inside torch.func transforms "
+            "(functionalize, vmap, grad): call it outside the transform")
+
+
 def _scan(name, mode, rewards, values, mask, gamma, lmbda, cu_seqlens, time_dim, how):
     prefix = (name, mode, type(time_dim), time_dim, how)
     res = _replay(prefix, (rewards, values, mask, cu_seqlens, gamma, lmbda), time_dim)
     if res is not None:
         return res
+    _not_transformed(name)
     raw = (rewards, values, mask, cu_seqlens, gamma, lmbda) + _numbers(gamma, lmbda)
     rewards = _validate.tensor("rewards", rewards)
     named = [("rewards", rewards)]

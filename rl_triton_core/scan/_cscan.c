@@ -1913,6 +1913,12 @@ static Py_ssize_t call_key(PyObject *prefix, PyObject *args, PyObject *time_dim,
                 }
             }
             const int nd = d->ndim;
+            if (!d->data && nd >= 0 && nd <= KEY_DIMS) { /* no memory: a functionalized
+                                                           tensor, say; else empty */
+                int64_t numel = 1;
+                for (int j = 0; j < nd; j++) numel *= d->shape[j];
+                if (numel != 0) return 0;
+            }
             /* recordings are of CPU calls, and of CUDA ones once one is kept (_claunch.h;
              * until then a CUDA call builds no key) */
             if (d->device.device_type != DL_CPU && !(d->device.device_type == 2 && gpu_kept))

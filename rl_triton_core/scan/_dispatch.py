@@ -444,7 +444,9 @@ class CpuRun:
         if self.prepared is not None:
             addr = [0] * len(_C_ARRAYS)  # array positions: CpuArgs' first ten
             for pos, *_ in self.views:
-                addr[pos] = args[pos].data_ptr()
+                addr[pos] = p = args[pos].data_ptr()
+                if not p and args[pos].numel():  # no memory of its own (functionalized)
+                    return False
             _cpu_c.run_prepared(self.prepared, args[_C_NUMBERS[0]], args[_C_NUMBERS[1]], addr)
             return True
         for pos, detach, as_u8, shape, strides in self.views:

@@ -70,10 +70,14 @@ struct DLView {
 static int view(PyObject *o, DLView *d) try {
     const at::Tensor &t = reinterpret_cast<THPVariableHead *>(o)->cdata;
     c10::TensorImpl *impl = t.unsafeGetTensorImpl();
+    /* a plain CPU tensor's keys: no wrapper (functionalization, functorch's transforms,
+     * a Python subclass in C++), whose sizes or memory are not the tensor's own */
+    static const c10::DispatchKeySet plain_keys(
+        {c10::DispatchKey::CPU, c10::DispatchKey::AutogradCPU, c10::DispatchKey::ADInplaceOrView,
+         c10::DispatchKey::AutocastCPU, c10::DispatchKey::Negative, c10::DispatchKey::Conjugate});
     if (!impl || impl->device_type() != c10::DeviceType::CPU ||
-        impl->layout() != c10::kStrided || impl->has_symbolic_sizes_strides() ||
-        impl->key_set().has(c10::DispatchKey::Python) || impl->is_nested() ||
-        !impl->has_storage())
+        !(impl->key_set() - plain_keys).empty() || impl->layout() != c10::kStrided ||
+        impl->has_symbolic_sizes_strides() || impl->is_nested() || !impl->has_storage())
         return 2;
     uint8_t code, bits;
     switch (c10::typeMetaToScalarType(impl->dtype())) {
