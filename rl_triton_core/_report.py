@@ -66,6 +66,18 @@ def _cpu_kernels() -> str:
     return f"CPU kernels: C for {' and '.join(c)}; numba for the rest"
 
 
+def _cpu_replay() -> str:
+    """How a repeated CPU call reads its tensors and makes its outputs."""
+    st = _torchalloc.state
+    if st == "loaded":
+        how = "torch's C++ API" + (f" (built in {_torchalloc.build_seconds:.1f} s)"
+                                   if _torchalloc.build_seconds is not None else "")
+    else:
+        how = (f"DLPack (torch's C++ API: {st}; the first recorded call loads or builds it, "
+               "python -m rl_triton_core.build builds it ahead)")
+    return f"CPU replay: a repeated call from C, its tensors read and outputs made through {how}"
+
+
 def _build_time() -> str:
     """The C kernels' build time at install (setup.py records it), or ''."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cbuild.txt")
@@ -115,6 +127,8 @@ def describe(x=None) -> str:
              + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)"),
              f"triton {_version('triton') or 'not installed'}",
              f"numba {_version('numba') or 'not installed'}", _cpu_kernels() + _build_time()]
+    if _cpu_c.replay is not None:
+        lines.append(_cpu_replay())
     if torch.cuda.is_available():
         lines.append("GPU " + ", ".join(torch.cuda.get_device_name(i)
                                         for i in range(torch.cuda.device_count())))

@@ -49,6 +49,10 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#ifndef _WIN32
+#include <sched.h>
+#endif
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
@@ -1018,11 +1022,21 @@ AVX512_INLINE k512_t k512_of(const ctx_t *c, const bconst_t *kc) {
     return k;
 }
 
-/* a thread that waits for another's segment (fast_units): a few cycles at a time */
-static inline void spin_pause(void) {
+/* a thread that waits for another's segment (fast_units): a few cycles at a time, then
+ * giving its core away between looks (the other thread may be waiting for a core: a
+ * busy machine, or more threads than cores) */
+static inline void seg_wait(const unsigned char *flag) {
+    for (unsigned k = 0; !__atomic_load_n(flag, __ATOMIC_ACQUIRE); k++) {
+        if (k < 4096) {
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-    __builtin_ia32_pause();
+            __builtin_ia32_pause();
 #endif
+        } else {
+#ifndef _WIN32
+            sched_yield();
+#endif
+        }
+    }
 }
 
 /* Work units [lo, hi) of a contiguous call with gamma and lambda numbers (kc: their
@@ -1080,7 +1094,7 @@ static inline void spin_pause(void) {
             for (; j >= jlo; j--) h = VEC(&k, &ch, 16 * j, h, &cut, 0, 0.0f);         \
             if (!done) continue;                                                      \
             if (sg < S - 1) { /* fixed up here, from the segment above once it is done */ \
-                while (!__atomic_load_n(&done[u + 1], __ATOMIC_ACQUIRE)) spin_pause(); \
+                seg_wait(&done[u + 1]);                                               \
                 fast_fix##W(c, &k, &ch, jlo, jlo + c->seg - 1);                       \
             }                                                                         \
             __atomic_store_n(&done[u], 1, __ATOMIC_RELEASE);                          \

@@ -76,7 +76,7 @@ static int view(PyObject *o, DLView *d) try {
         {c10::DispatchKey::CPU, c10::DispatchKey::AutogradCPU, c10::DispatchKey::ADInplaceOrView,
          c10::DispatchKey::AutocastCPU, c10::DispatchKey::Negative, c10::DispatchKey::Conjugate});
     if (!impl || impl->device_type() != c10::DeviceType::CPU ||
-        !(impl->key_set() - plain_keys).empty() || impl->layout() != c10::kStrided ||
+        !plain_keys.isSupersetOf(impl->key_set()) || impl->layout() != c10::kStrided ||
         impl->has_symbolic_sizes_strides() || impl->is_nested() || !impl->has_storage())
         return 2;
     uint8_t code, bits;

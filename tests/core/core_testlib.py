@@ -307,6 +307,9 @@ def through_torch_ext(kind: str):
     return lambda: _torchalloc.use(_torchalloc.state == "loaded")
 
 
+HELD_MAX = 16 + 4  # blocks the cache holds (_ctoken's POOL_MAX) and the replay (KEPT)
+
+
 def held_blocks(blocks) -> int:
     """Freed output blocks held for later calls: the block cache's (``blocks``: the
     ``_ctoken`` module) and those the C replay keeps itself."""

@@ -50,6 +50,9 @@ def test_describe_names_versions_and_the_path(monkeypatch):
 
     kernels = "CPU kernels: C for GAE" if _cpu_c.available() else "CPU kernels: numba"
     assert kernels in text
+    if _cpu_c.replay is not None:  # how a repeated CPU call reads its tensors
+        assert ("CPU replay: a repeated call from C, its tensors read and outputs made "
+                "through ") in text
     monkeypatch.setenv("RL_TRITON_CORE_CPU_KERNEL", "numba")
     assert "CPU kernels: numba (RL_TRITON_CORE_CPU_KERNEL=numba)" in rc.describe()
 

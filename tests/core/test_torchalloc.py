@@ -217,7 +217,7 @@ def test_replay_outputs_made_over_blocks_are_torchs_tensors(fresh):
     _needs_compiler()
     import threading
 
-    from core_testlib import held_blocks
+    from core_testlib import HELD_MAX, held_blocks
 
     import rl_triton_core as rc
     from rl_triton_core import _host
@@ -246,7 +246,7 @@ def test_replay_outputs_made_over_blocks_are_torchs_tensors(fresh):
             th = threading.Thread(target=box.clear)  # the last references dropped there
             th.start()
             th.join()
-            assert held_blocks(blocks) == taken + 2
+            assert held_blocks(blocks) == min(taken + 2, HELD_MAX)  # (beyond: the oldest go)
 
 
 def test_a_caller_that_exits_mid_build_leaves_a_finished_file(fresh):
