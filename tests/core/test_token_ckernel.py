@@ -327,6 +327,15 @@ def test_streamed_stores_bitwise(monkeypatch):
     assert _same(want, got)
     want, got = _both(monkeypatch, rc.masked_returns, r, m, gamma=0.99, time_dim=-1)
     assert _same(want, got)
+    # the whitening streamed too: responses starting anywhere in a line (left padding),
+    # the mean kept or not, in place (masked_gae) or from the input (masked_whiten)
+    m = _mask(B, T, g, "left").long()
+    want, got = _both(monkeypatch, rc.masked_gae, r, v, m, gamma=0.99, lmbda=0.95,
+                      whiten=True, time_dim=-1)
+    assert _same(want, got)
+    for shift in (True, False):
+        want, got = _both(monkeypatch, rc.masked_whiten, r, m, shift_mean=shift)
+        assert _same(want, got)
 
 
 
