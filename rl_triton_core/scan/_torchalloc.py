@@ -8,7 +8,7 @@ call; with it, ``at::empty_strided`` is called directly. A repeated CPU call rea
 tensors (address, shape, strides, dtype, whether it requires grad) from the tensors
 themselves instead of through DLPack and attribute reads, and makes its outputs over
 the block cache's memory without DLPack's conversion: on RLlib's 100,000-step row
-(2-core VM, after other work) 12 of a 55 us call, mostly memory pages the call no
+(2-core VM, after other work) 8 of a 55 us call, mostly memory pages the call no
 longer touches.
 
 The extension is compiled against the installed torch's headers with the system C++
