@@ -1028,9 +1028,7 @@ AVX512_INLINE k512_t k512_of(const ctx_t *c, const bconst_t *kc) {
 static inline void seg_wait(const unsigned char *flag) {
     for (unsigned k = 0; !__atomic_load_n(flag, __ATOMIC_ACQUIRE); k++) {
         if (k < 4096) {
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-            __builtin_ia32_pause();
-#endif
+            __builtin_ia32_pause(); /* (gcc on x86-64: the fast walks' only compiler) */
         } else {
 #ifndef _WIN32
             sched_yield();
@@ -1058,9 +1056,7 @@ static inline void seg_wait(const unsigned char *flag) {
  * lane (SET1) or from a generic vector (FROM16). */
 #define FAST_WALK(W, FN, VT, KT, K_OF, VEC, SET1, FROM16)                             \
     /* a segment's vectors jtop down to jlo again, from the true carry */             \
-    FN static void fast_fix##W(const ctx_t *c, const KT *k, const chain512_t *ch,        \
-                                      ssz jlo, ssz jtop) {                            \
-        (void)c;                                                                      \
+    FN static void fast_fix##W(const KT *k, const chain512_t *ch, ssz jlo, ssz jtop) {   \
         VT h = SET1(ch->o0[16 * (jtop + 1)]);                                         \
         unsigned cut = 0;                                                             \
         for (ssz j = jtop; j >= jlo && !cut; j--) h = VEC(k, ch, 16 * j, h, &cut, 0, 0.0f); \
@@ -1095,7 +1091,7 @@ static inline void seg_wait(const unsigned char *flag) {
             if (!done) continue;                                                      \
             if (sg < S - 1) { /* fixed up here, from the segment above once it is done */ \
                 seg_wait(&done[u + 1]);                                               \
-                fast_fix##W(c, &k, &ch, jlo, jlo + c->seg - 1);                       \
+                fast_fix##W(&k, &ch, jlo, jlo + c->seg - 1);                          \
             }                                                                         \
             __atomic_store_n(&done[u], 1, __ATOMIC_RELEASE);                          \
         }                                                                             \
@@ -1107,7 +1103,7 @@ static inline void seg_wait(const unsigned char *flag) {
             const views_t f = views_of(c, n, 1);                                      \
             const chain512_t ch = chain512_of(&f);                                    \
             for (ssz sg = S - 2; sg >= 0; sg--)                                       \
-                fast_fix##W(c, &k, &ch, sg * c->seg, sg * c->seg + c->seg - 1);       \
+                fast_fix##W(&k, &ch, sg * c->seg, sg * c->seg + c->seg - 1);          \
         }                                                                             \
     }
 
@@ -2291,7 +2287,9 @@ static PyObject *block_output(PyObject *alloc, PyObject *shape, PyObject *dtype,
 /* kept_blocks(): how many freed blocks the replay keeps (besides the cache's own) */
 static PyObject *kept_blocks(PyObject *self, PyObject *unused) {
     int n = 0;
+#if KEPT
     for (int i = 0; i < KEPT; i++) n += __atomic_load_n(&kept[i], __ATOMIC_RELAXED) != NULL;
+#endif
     return PyLong_FromLong(n);
 }
 

@@ -22,7 +22,6 @@
 #include <Python.h>
 
 #include <ATen/core/TensorBase.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/Storage.h>
 #include <c10/core/TensorImpl.h>
 #include <ATen/ops/empty.h>
@@ -179,38 +178,28 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_torchalloc_ext",
                                     "Tensor allocation through torch's C++ API.", -1,
                                     methods};
 
+/* fn as m's capsule attr, named capsule (a static string: the capsule keeps it); false
+ * with an error set */
+static bool add_capsule(PyObject *m, const char *attr, const char *capsule, void *fn) {
+    PyObject *cap = PyCapsule_New(fn, capsule, nullptr);
+    if (!cap || PyModule_AddObject(m, attr, cap)) {
+        Py_XDECREF(cap);
+        return false;
+    }
+    return true;
+}
+
 PyMODINIT_FUNC PyInit__torchalloc_ext(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return nullptr;
-    PyObject *cap = PyCapsule_New(reinterpret_cast<void *>(&alloc),
-                                  "rl_triton_core._torchalloc.alloc", nullptr);
-    if (!cap || PyModule_AddObject(m, "alloc", cap)) {
-        Py_XDECREF(cap);
+    /* plain and view read a tensor through its Python object: where the layout checks */
+    const bool head = head_matches();
+#define CAPSULE(f) add_capsule(m, #f, "rl_triton_core._torchalloc." #f, reinterpret_cast<void *>(&f))
+    const bool ok = CAPSULE(alloc) && CAPSULE(blob) && (!head || (CAPSULE(plain) && CAPSULE(view)));
+#undef CAPSULE
+    if (!ok) {
         Py_DECREF(m);
         return nullptr;
-    }
-    cap = PyCapsule_New(reinterpret_cast<void *>(&blob), "rl_triton_core._torchalloc.blob",
-                        nullptr);
-    if (!cap || PyModule_AddObject(m, "blob", cap)) {
-        Py_XDECREF(cap);
-        Py_DECREF(m);
-        return nullptr;
-    }
-    if (head_matches()) { /* the functions that read a tensor through its Python object */
-        cap = PyCapsule_New(reinterpret_cast<void *>(&plain), "rl_triton_core._torchalloc.plain",
-                            nullptr);
-        if (!cap || PyModule_AddObject(m, "plain", cap)) {
-            Py_XDECREF(cap);
-            Py_DECREF(m);
-            return nullptr;
-        }
-        cap = PyCapsule_New(reinterpret_cast<void *>(&view), "rl_triton_core._torchalloc.view",
-                            nullptr);
-        if (!cap || PyModule_AddObject(m, "view", cap)) {
-            Py_XDECREF(cap);
-            Py_DECREF(m);
-            return nullptr;
-        }
     }
     return m;
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from rl_triton_core._table import TABLE
@@ -289,22 +290,22 @@ def spy_c_replay(monkeypatch, sink):
     monkeypatch.setattr(_cpu_c, "replay", spy)
 
 
-def through_torch_ext(kind: str):
-    """Set how the C replay reads tensors and makes its CPU outputs for a test: ``"C++"``
-    through ``_torchalloc``'s extension (built here where it is not cached; the test
-    skips where it cannot be), ``"DLPack"`` through DLPack and attribute reads. Returns
-    a function that restores the extension's use."""
-    import pytest
-
+@pytest.fixture(autouse=True, params=["C++", "DLPack"])
+def torch_ext(request):
+    """Every test of a module that imports this fixture twice: the C replay reading
+    tensors and making its CPU outputs through torch's C++ API (``_torchalloc``'s
+    extension, built here where it is not cached; skipped where it cannot be), and
+    through DLPack and attribute reads."""
     from rl_triton_core.scan import _torchalloc
 
-    if kind == "C++":
+    if request.param == "C++":
         if not _torchalloc.ensure(wait=True):
             pytest.skip(f"torch's C++ API extension: {_torchalloc.state}")
         _torchalloc.use(True)
     else:
         _torchalloc.use(False)
-    return lambda: _torchalloc.use(_torchalloc.state == "loaded")
+    yield request.param
+    _torchalloc.use(_torchalloc.state == "loaded")
 
 
 HELD_MAX = 16 + 4  # blocks the cache holds (_ctoken's POOL_MAX) and the replay (KEPT)

@@ -7,7 +7,11 @@ import os
 
 import pytest
 import torch
-from core_testlib import HELD_MAX, held_blocks, through_torch_ext
+from core_testlib import (
+    HELD_MAX,
+    held_blocks,
+    torch_ext,  # noqa: F401 (autouse: every test twice, C++ API and DLPack)
+)
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
@@ -18,14 +22,6 @@ pytestmark = pytest.mark.skipif(
     reason="the CPU path's outputs",
 )
 
-
-@pytest.fixture(autouse=True, params=["C++", "DLPack"])
-def torch_ext(request):
-    """Every test twice: the replay reading tensors and making outputs through torch's
-    C++ API (``_torchalloc``), and through DLPack."""
-    restore = through_torch_ext(request.param)
-    yield request.param
-    restore()
 
 T = 40_000  # 160 KB of float32: above POOLED_MIN
 

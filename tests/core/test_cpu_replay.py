@@ -7,7 +7,11 @@ import os
 import numpy as np
 import pytest
 import torch
-from core_testlib import full_path, spy_c_replay, through_torch_ext
+from core_testlib import (
+    full_path,
+    spy_c_replay,
+    torch_ext,  # noqa: F401 (autouse: every test twice, C++ API and DLPack)
+)
 
 import rl_triton_core as rc
 from rl_triton_core import estimators
@@ -21,14 +25,6 @@ pytestmark = [
 ]
 
 
-
-@pytest.fixture(autouse=True, params=["C++", "DLPack"])
-def torch_ext(request):
-    """Every test twice: the replay reading tensors and making outputs through torch's
-    C++ API (``_torchalloc``), and through DLPack."""
-    restore = through_torch_ext(request.param)
-    yield request.param
-    restore()
 
 @pytest.fixture
 def hits(monkeypatch):
