@@ -163,6 +163,8 @@ def _whitening(whiten, count_eps, eps, unbiased, shift, fill):
 
 
 def _number(name, value):
+    if type(value) is float or type(value) is int:  # (the common case, without the ABC check)
+        return
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
 

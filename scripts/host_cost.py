@@ -21,9 +21,10 @@ median over ``--repeats`` repeats.
 
 Inputs are batch-major [N, T] fp32 with 2% random (bool) done flags; every call passes
 ``time_dim=-1`` by keyword. Estimators: gae (shifted values + bootstrap_value, also with
-truncated flags and with ``out=`` when gae takes it), lambda_returns, discounted_returns,
-vtrace, retrace, retrace_from_actions (A=6), eligibility_traces, episodic_cumsum,
-linear_recurrence. Baselines in the same process: ``torch.add(a, b)`` and
+truncated flags and with ``out=`` when gae takes it), gae_advantages, lambda_returns,
+discounted_returns, vtrace, retrace, retrace_from_actions (A=6), eligibility_traces,
+episodic_cumsum, linear_recurrence, and the token estimators masked_gae (also whitened),
+masked_whiten and masked_returns. Baselines in the same process: ``torch.add(a, b)`` and
 ``torch.add(a, b, out=c)`` on the same-size tensors, and a trivial Triton copy kernel
 (64 elements) with 8, 32 and 94 runtime arguments (unused int and pointer arguments added;
 BLOCK is a constexpr on top) launched through the normal ``kernel[grid](...)``. A missing
@@ -104,6 +105,8 @@ def estimator_calls(n, t, device, gen):
 
     calls["gae(out=)"] = ("gae", gae_out)
     calls.update({
+        "gae_advantages": ("gae_advantages", lambda: g("gae_advantages")(
+            r, v, term, bootstrap_value=boot, time_dim=-1)),
         "lambda_returns": ("lambda_returns", lambda: g("lambda_returns")(
             r, v, term, bootstrap_value=boot, time_dim=-1)),
         "discounted_returns": ("discounted_returns", lambda: g("discounted_returns")(
@@ -123,6 +126,7 @@ def estimator_calls(n, t, device, gen):
                                                              time_dim=-1)),
         "masked_gae(whiten)": ("masked_gae", lambda: g("masked_gae")(
             r, v, mask, gamma=1.0, lmbda=0.95, whiten=True, time_dim=-1)),
+        "masked_whiten": ("masked_whiten", lambda: g("masked_whiten")(x, mask)),
         "masked_returns": ("masked_returns", lambda: g("masked_returns")(r, mask, gamma=1.0,
                                                                          time_dim=-1)),
         "torch.add": ("baseline", lambda: torch.add(r, v)),

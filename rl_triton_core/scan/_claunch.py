@@ -157,6 +157,8 @@ def record(ckey, launches, allocs, returns, checks, extents, device, tune, sourc
     if not recorded:  # the C++ allocator: loaded from the cache, or built in the background
         _torchalloc.ensure()
     recorded = True
+    if device.type == "cuda":
+        _torchalloc.cuda_views()  # (once: where the extension is loaded)
     specs = tuple((tuple(shape), tuple(stride), dtype, bool(zero),
                    _torchalloc.SCALAR.get(dtype, -1)) for shape, stride, dtype, zero in allocs)
     return blob, specs, tune, len(returns), device

@@ -10,10 +10,14 @@
  * call (rl_triton_core/scan/_torchalloc.py); where it is not built, the replay calls
  * the Python functions as before.
  *
- * The module exports the capsule "alloc": a C function
+ * The module exports the capsule "alloc" (named rl_triton_core._torchalloc.alloc2): a C
+ * function
  *     PyObject *alloc(int ndim, const int64_t *size, const int64_t *stride,
- *                     int scalar_type, int device_type, int device_index, int zeroed)
- * (a new reference, or NULL with a Python error set); the capsule "plain" where this
+ *                     int scalar_type, int device_type, int device_index, int zeroed,
+ *                     void **data)
+ * (a new reference and in *data its address, or NULL with a Python error set); the
+ * capsule "scratch" (get and put of a call's CUDA scratch block); the capsule "plain"
+ * where this
  * torch's tensor object has the layout checked below: int plain(PyObject *tensor), the
  * replay's check that a tensor needs no autograd and has no negative bit; and
  * scalar_type(dtype): the c10::ScalarType number of a torch.dtype, which the caller
@@ -31,6 +35,7 @@
 #include <torch/csrc/Export.h>
 
 #include <exception>
+#include <stdexcept>
 
 /* torch/csrc/autograd/python_variable.h declares it (that header pulls in pybind11) */
 TORCH_PYTHON_API PyObject *THPVariable_Wrap(const at::TensorBase &var);
@@ -61,7 +66,7 @@ struct DLView {
     uint64_t byte_offset;
 };
 
-/* A CPU tensor's description, as torch's DLPack exchange table gives it
+/* A CPU or CUDA tensor's description, as torch's DLPack exchange table gives it
  * (dltensor_from_py_object_no_sync) for the dtypes below, read from the tensor itself:
  * 0 where it is plain (see plain()), 1 where it is not (described all the same), 2
  * where this does not describe it (another device, layout or dtype, a tensor subclass
@@ -69,14 +74,21 @@ struct DLView {
 static int view(PyObject *o, DLView *d) try {
     const at::Tensor &t = reinterpret_cast<THPVariableHead *>(o)->cdata;
     c10::TensorImpl *impl = t.unsafeGetTensorImpl();
-    /* a plain CPU tensor's keys: no wrapper (functionalization, functorch's transforms,
+    /* a plain tensor's keys: no wrapper (functionalization, functorch's transforms,
      * a Python subclass in C++), whose sizes or memory are not the tensor's own */
-    static const c10::DispatchKeySet plain_keys(
+    static const c10::DispatchKeySet cpu_keys(
         {c10::DispatchKey::CPU, c10::DispatchKey::AutogradCPU, c10::DispatchKey::ADInplaceOrView,
          c10::DispatchKey::AutocastCPU, c10::DispatchKey::Negative, c10::DispatchKey::Conjugate});
-    if (!impl || impl->device_type() != c10::DeviceType::CPU ||
-        !plain_keys.isSupersetOf(impl->key_set()) || impl->layout() != c10::kStrided ||
-        impl->has_symbolic_sizes_strides() || impl->is_nested() || !impl->has_storage())
+    static const c10::DispatchKeySet cuda_keys(
+        {c10::DispatchKey::CUDA, c10::DispatchKey::AutogradCUDA, c10::DispatchKey::ADInplaceOrView,
+         c10::DispatchKey::AutocastCUDA, c10::DispatchKey::Negative, c10::DispatchKey::Conjugate});
+    if (!impl) return 2;
+    const c10::DeviceType dev = impl->device_type();
+    const bool cuda = dev == c10::DeviceType::CUDA;
+    if (!(dev == c10::DeviceType::CPU || cuda) ||
+        !(cuda ? cuda_keys : cpu_keys).isSupersetOf(impl->key_set()) ||
+        impl->layout() != c10::kStrided || impl->has_symbolic_sizes_strides() ||
+        impl->is_nested() || !impl->has_storage())
         return 2;
     uint8_t code, bits;
     switch (c10::typeMetaToScalarType(impl->dtype())) {
@@ -94,8 +106,8 @@ static int view(PyObject *o, DLView *d) try {
     }
     const c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
     d->data = const_cast<void *>(impl->data());
-    d->device_type = 1; /* kDLCPU */
-    d->device_id = 0;
+    d->device_type = cuda ? 2 : 1; /* kDLCUDA, kDLCPU */
+    d->device_id = cuda ? impl->device().index() : 0;
     d->ndim = static_cast<int32_t>(sizes.size());
     d->code = code;
     d->bits = bits;
@@ -122,9 +134,43 @@ static bool head_matches() {
     }
 }
 
+/* The CUDA caching allocator, as the storage of a tensor at::empty_strided made reports it
+ * (learned at the first CUDA allocation): a later CUDA tensor is made the way
+ * at::empty_strided makes it (at::detail::empty_strided_generic: the allocator's block on
+ * the current device and stream, a resizable storage, the CUDA key), without the
+ * dispatcher and the options' processing. The caller has made the tensor's device current. */
+static c10::Allocator *cuda_allocator;
+
+static size_t storage_bytes(int ndim, const int64_t *size, const int64_t *stride,
+                            size_t itemsize) {
+    int64_t extent = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (size[i] == 0) return 0;
+        extent += (size[i] - 1) * stride[i];
+    }
+    return static_cast<size_t>(extent) * itemsize;
+}
+
 static PyObject *alloc(int ndim, const int64_t *size, const int64_t *stride, int scalar_type,
-                       int device_type, int device_index, int zeroed) {
+                       int device_type, int device_index, int zeroed, void **data) {
     try {
+        const auto dtype = caffe2::TypeMeta::fromScalarType(static_cast<c10::ScalarType>(scalar_type));
+        const size_t nbytes = storage_bytes(ndim, size, stride, dtype.itemsize());
+        c10::DataPtr block;
+        if (cuda_allocator && !zeroed && device_type == static_cast<int>(c10::DeviceType::CUDA))
+            block = cuda_allocator->allocate(nbytes);
+        /* (a block of another device than asked: released, and at::empty_strided below) */
+        if (block && block.device().index() == device_index) {
+            *data = block.get();
+            c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(block),
+                                 cuda_allocator, /*resizable=*/true);
+            at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+                std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype);
+            t.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(size, ndim),
+                                                          c10::IntArrayRef(stride, ndim));
+            return THPVariable_Wrap(t);
+        }
+        block.clear();
         const auto opt = at::TensorOptions()
                              .dtype(static_cast<c10::ScalarType>(scalar_type))
                              .device(c10::Device(static_cast<c10::DeviceType>(device_type),
@@ -132,12 +178,41 @@ static PyObject *alloc(int ndim, const int64_t *size, const int64_t *stride, int
         const c10::IntArrayRef sizes(size, static_cast<size_t>(ndim));
         at::Tensor t = zeroed ? at::zeros(sizes, opt)
                               : at::empty_strided(sizes, c10::IntArrayRef(stride, ndim), opt);
+        *data = const_cast<void *>(t.unsafeGetTensorImpl()->data());
+        if (!cuda_allocator && !zeroed && t.is_cuda() && t.storage().allocator())
+            cuda_allocator = t.storage().allocator();
         return THPVariable_Wrap(t);
     } catch (const std::exception &e) {
         PyErr_SetString(PyExc_RuntimeError, e.what());
         return nullptr;
     }
 }
+
+/* Scratch memory for one call's kernels (a workspace that is not returned): a block of
+ * the CUDA caching allocator, as a tensor's would be, without the tensor. Its release
+ * returns it to the allocator's pool of the stream it was taken on, so the next use of
+ * it is ordered after this call's kernels, as for a temporary tensor of a torch op
+ * (graph capture included). get(nbytes, &data): a handle (NULL with a Python error set,
+ * or before the first CUDA allocation); put(handle) releases it. */
+static void *scratch_get(size_t nbytes, void **data) {
+    if (!cuda_allocator) return nullptr;
+    try {
+        auto *block = new c10::DataPtr(cuda_allocator->allocate(nbytes));
+        *data = block->get();
+        return block;
+    } catch (const std::exception &e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }
+}
+
+static void scratch_put(void *handle) { delete static_cast<c10::DataPtr *>(handle); }
+
+struct scratch_fns {
+    void *(*get)(size_t, void **);
+    void (*put)(void *);
+};
+static scratch_fns scratch = {scratch_get, scratch_put};
 
 /* A CPU tensor over memory the caller owns (size, contiguous strides, dtype), whose
  * release calls free_fn(ctx): what at::from_blob makes, without its std::function
@@ -195,7 +270,9 @@ PyMODINIT_FUNC PyInit__torchalloc_ext(void) {
     /* plain and view read a tensor through its Python object: where the layout checks */
     const bool head = head_matches();
 #define CAPSULE(f) add_capsule(m, #f, "rl_triton_core._torchalloc." #f, reinterpret_cast<void *>(&f))
-    const bool ok = CAPSULE(alloc) && CAPSULE(blob) && (!head || (CAPSULE(plain) && CAPSULE(view)));
+    const bool ok = add_capsule(m, "alloc", "rl_triton_core._torchalloc.alloc2",
+                                reinterpret_cast<void *>(&alloc)) &&
+                    CAPSULE(blob) && CAPSULE(scratch) && (!head || (CAPSULE(plain) && CAPSULE(view)));
 #undef CAPSULE
     if (!ok) {
         Py_DECREF(m);

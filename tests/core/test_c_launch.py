@@ -178,6 +178,61 @@ def test_c_replay_of_the_token_estimators(case, alloc, gen, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", ["gae", "gae_three_launches", "gae_whiten", "whiten"])
+def test_c_replay_outputs_and_scratch_are_torchs(case, gen, monkeypatch):
+    """The C++ allocation's outputs (the caching allocator's block in a CUDA tensor made
+    without the dispatcher) are torch.empty_strided's in device, dtype, shape, strides,
+    storage size and resizability, with the full path's bits; the scratch blocks a call
+    takes without a tensor (a three-launch plan's workspace, the whitening's statistics)
+    go back to the allocator: after many calls the memory in use is where it was."""
+    import rl_triton_core as rc
+
+    _needs_c_launch("torch")
+    _dispatch._PLANS.clear()
+    if case.startswith("gae"):
+        shape = (3, 70_000) if case == "gae_three_launches" else (6, 300)
+        r, v = (torch.randn(shape, generator=gen).cuda() for _ in range(2))
+        m = (torch.rand(shape, generator=gen) < 0.8).cuda()
+        if case == "gae_whiten":
+            def call():
+                return rc.masked_gae(r, v, m, gamma=0.99, lmbda=0.9, whiten=True, time_dim=-1)
+        else:
+            def call():
+                with rc.tuning(look_back=False):  # (70,000 steps: a segmented plan)
+                    return rc.gae(r, v, ~m, bootstrap_value=v[:, 0], time_dim=-1)
+    else:
+        x = torch.randn(6, 300, generator=gen).cuda()
+        m = (torch.rand(6, 300, generator=gen) < 0.8).cuda()
+
+        def call():
+            return rc.masked_whiten(x, m)
+    call()  # recorded
+    assert _gpu_records()
+    want = full_path(monkeypatch, call)
+    want = want if isinstance(want, tuple) else (want,)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    replayed = []
+    spy_c_replay(monkeypatch, replayed)
+    got = call()
+    assert replayed, "the repeated call did not take the C replay"
+    got = got if isinstance(got, tuple) else (got,)
+    _same(got, want)
+    for g, w in zip(got, want):
+        assert g.device == w.device and g.storage_offset() == w.storage_offset() == 0
+        assert g.untyped_storage().nbytes() == w.untyped_storage().nbytes()
+        assert g.untyped_storage().resizable() == w.untyped_storage().resizable()
+        assert g.is_contiguous() and not g.requires_grad and g.grad_fn is None
+    g = got[0]
+    (g + 1).sum().item()  # usable as any tensor
+    del got, g
+    for _ in range(50):
+        call()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("alloc", ["torch", "python"])
 def test_c_replay_steps_aside_for_grad_and_negative_views(alloc, gen, monkeypatch):
     """A tensor that requires grad (the autograd path) or is a negative view (its memory
