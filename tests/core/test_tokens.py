@@ -260,6 +260,7 @@ def test_kernel_tiles(where, monkeypatch, bt, warps, k):
     from rl_triton_core.token import _token_kernel
 
     monkeypatch.setattr(_token_kernel, "config", lambda n, t: (bt, warps, k))
+    monkeypatch.setattr(rc._config, "_current", rc.current_tuning().replace(small_tokens=0))
     B, T = 7, 45
     r, v, m = _inputs(21, B, T, torch.float64, "multi", device)
     m[0, :3] = True
@@ -281,6 +282,47 @@ def test_kernel_tiles(where, monkeypatch, bt, warps, k):
     pa, _ = rc.masked_gae(r[keep], v[keep], m[keep], gamma=0.9, lmbda=0.7, cu_seqlens=cu,
                           time_dim=0)
     torch.testing.assert_close(pa, a[keep], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_one_launch_equals_two(where, case):
+    """A small batch that is whitened or filled runs in one launch (Tuning.small_tokens):
+    on fresh random inputs (dtype, mask kind, skip, whitening options, strides) it gives
+    the two-launch form's result (to rounding: the statistics are summed in another
+    order) and the float64 reference's."""
+    device, backend = where
+    if backend == "cpu":
+        pytest.skip("the Triton kernels' launches")
+    seed = int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda xs: xs[int(torch.randint(len(xs), (), generator=g))]  # noqa: E731
+    dtype = pick([torch.float32, torch.float64])
+    B, T = int(torch.randint(1, 9, (), generator=g)), int(torch.randint(2, 60, (), generator=g))
+    r, v, m = _inputs(seed % 1000, B, T, dtype, pick(["right", "left", "multi"]), device)
+    m[0, :2] = True
+    opts = dict(count_eps=pick([0.0, 1e-8]), fill=pick([None, 0.0, -1.5]),
+                unbiased=pick([True, False]))
+    what = f"seed={seed} case={case} B={B} T={T} {dtype} {opts}"
+    if case % 2:
+        x, mm = (r * 3 + 5)[:, ::2], m[:, ::2]  # strided, nonzero mean
+        calls = [lambda: rc.masked_whiten(x, mm, shift_mean=bool(case % 3), **opts),
+                 lambda: ref.masked_whiten(x, mm, shift_mean=bool(case % 3), **opts)]
+    else:
+        skip, whiten = pick([True, False]), pick([True, True, False])
+        calls = [lambda f=f: f.masked_gae(r, v, m, gamma=0.97, lmbda=0.9, skip=skip,
+                                          whiten=whiten, time_dim=-1, **opts)
+                 for f in (rc, ref)]
+        if not whiten and opts["fill"] is None:
+            opts["fill"] = 2.0
+    one = calls[0]()
+    with rc.tuning(small_tokens=0):
+        two = calls[0]()
+    want = calls[1]()
+    one, two, want = ((t,) if isinstance(t, torch.Tensor) else t for t in (one, two, want))
+    for a, b, w in zip(one, two, want):
+        _close(a, w, dtype, "one launch " + what)
+        _close(b, w, dtype, "two launches " + what)
+        _close(a, b, dtype, "one against two " + what)
 
 
 @pytest.mark.parametrize("skip", [True, False])
@@ -315,6 +357,7 @@ def test_whitening_shift(where, monkeypatch, skip):
     from rl_triton_core.token import _token_kernel
 
     monkeypatch.setattr(_token_kernel, "config", lambda n, t: (16, 1, 1))
+    monkeypatch.setattr(rc._config, "_current", rc.current_tuning().replace(small_tokens=0))
     g = torch.Generator().manual_seed(5)
     B, T = 3, 1024
     r = torch.randn(B, T, generator=g)
