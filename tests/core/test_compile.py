@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import rl_triton_core as rc
+from rl_triton_core.scan import _dispatch
 
 
 def _data(seed, B=3, T=40, dtype=torch.float32):
@@ -74,7 +75,8 @@ def test_fullgraph_compile_on_cuda_matches_eager(c_launch, monkeypatch):
     eager calls it is compared with launched from C and through Triton's launcher."""
     _cuda_or_skip()
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", c_launch)
+    monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", c_launch)  # (read when a call is recorded:
+    _dispatch._PLANS.clear()                                 # no earlier record is kept)
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True)
     for seed in (4, 5):
@@ -95,7 +97,8 @@ def test_cuda_graph_capture_and_replay(shape, c_launch, monkeypatch):
     repeated calls launched from C and through Triton's launcher."""
     _cuda_or_skip()
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", c_launch)
+    monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", c_launch)  # (read when a call is recorded:
+    _dispatch._PLANS.clear()                                 # no earlier record is kept)
     B, T = shape
     static = [a.cuda() for a in _data(6, B, T)] + [torch.full((B, T), 0.95).cuda()]
     # the TD(lambda) call takes a per-step gamma tensor: exercise the tensor slot too
