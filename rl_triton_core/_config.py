@@ -99,6 +99,9 @@ class Tuning:
         p = self.prefetch
         if isinstance(p, bool) or not isinstance(p, int) or p < 0:
             raise ValueError(f"prefetch must be a whole number of chunks >= 0, got {p!r}")
+        st = self.small_tokens
+        if isinstance(st, bool) or not isinstance(st, int) or st < 0:
+            raise ValueError(f"small_tokens must be a whole number of tokens >= 0, got {st!r}")
         w = self.look_window
         if isinstance(w, bool) or not isinstance(w, int) or w < 2 or w & (w - 1):
             raise ValueError(f"look_window must be a power of two >= 2, got {w!r}")

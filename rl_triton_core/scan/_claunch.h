@@ -75,7 +75,7 @@ static ext_alloc_t ext_alloc;
 /* a call's scratch block (a workspace that is not returned) from torch's CUDA caching
  * allocator, without a tensor: _torchalloc.cpp's scratch_fns, or NULL: a tensor */
 typedef struct {
-    void *(*get)(size_t, void **);
+    void *(*get)(size_t, int, void **);
     void (*put)(void *);
 } ext_scratch_t;
 static const ext_scratch_t *ext_scratch;
@@ -361,6 +361,7 @@ static void split_f32(double x, float *hi, float *lo) {
     *lo = (float)(x - (double)*hi);
 }
 
+#if GPU_REPLAY
 /* whether allocation j of r is one of its results */
 static int returned(const grecord_t *r, int j) {
     for (int k = 0; k < r->nret; k++)
@@ -391,6 +392,7 @@ static int64_t scratch_bytes(PyObject *spec) {
     }
     return extent * item[code];
 }
+#endif
 
 /* The replay of a GPU recording rec = (grecord bytes, allocations, tuning, results, device)
  * for the user's arguments call_args (whose views are in dl; plain: 1 where the key read
@@ -469,14 +471,15 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
     if (dl_stream(DL_CUDA, dev, &stream)) return NULL;
     PyObject *out[GL_ALLOCS] = {NULL};
     void *ptr[GL_ALLOCS] = {NULL}, *held[GL_ALLOCS] = {NULL};
+    const ext_scratch_t *const scratch = ext_scratch; /* (gpu_alloc may change it meanwhile) */
     const Py_ssize_t na = PyTuple_GET_SIZE(allocs);
     PyObject *res = NULL;
     for (Py_ssize_t j = 0; j < na; j++) {
         PyObject *spec = PyTuple_GET_ITEM(allocs, j);
-        if (ext_scratch && !returned(r, (int)j)) { /* a workspace: a block, no tensor */
+        if (scratch && !returned(r, (int)j)) { /* a workspace: a block, no tensor */
             const int64_t nbytes = scratch_bytes(spec);
             if (nbytes < 0) goto done;
-            if (nbytes > 0 && (held[j] = ext_scratch->get((size_t)nbytes, &ptr[j])))
+            if (nbytes > 0 && (held[j] = scratch->get((size_t)nbytes, dev, &ptr[j])))
                 continue;
             if (PyErr_Occurred()) goto done;
         }
@@ -537,7 +540,7 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
     }
 done:
     for (Py_ssize_t j = 0; j < GL_ALLOCS; j++) {
-        if (held[j]) ext_scratch->put(held[j]); /* (after the launches: stream-ordered) */
+        if (held[j]) scratch->put(held[j]); /* (after the launches: stream-ordered) */
         Py_XDECREF(out[j]);
     }
     if (!res && !PyErr_Occurred()) Py_RETURN_NONE;

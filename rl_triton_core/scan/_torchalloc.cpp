@@ -25,6 +25,7 @@
  */
 #include <Python.h>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/TensorBase.h>
 #include <c10/core/Storage.h>
 #include <c10/core/TensorImpl.h>
@@ -135,55 +136,47 @@ static bool head_matches() {
 }
 
 /* The CUDA caching allocator, as the storage of a tensor at::empty_strided made reports it
- * (learned at the first CUDA allocation): a later CUDA tensor is made the way
- * at::empty_strided makes it (at::detail::empty_strided_generic: the allocator's block on
- * the current device and stream, a resizable storage, the CUDA key), without the
- * dispatcher and the options' processing. The caller has made the tensor's device current. */
+ * (learned at the first CUDA allocation): a later CUDA tensor is made by the function
+ * at::empty_strided's CUDA kernel calls (at::detail::empty_strided_generic: the
+ * allocator's block on the current device and stream, a resizable storage, the CUDA key,
+ * the size checks), without the dispatcher and the options' processing. The caller has
+ * made the tensor's device current. */
 static c10::Allocator *cuda_allocator;
 
-static size_t storage_bytes(int ndim, const int64_t *size, const int64_t *stride,
-                            size_t itemsize) {
-    int64_t extent = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (size[i] == 0) return 0;
-        extent += (size[i] - 1) * stride[i];
-    }
-    return static_cast<size_t>(extent) * itemsize;
+/* torch.OutOfMemoryError (set at import; else RuntimeError): what torch raises when the
+ * caching allocator cannot allocate, so callers that catch it catch ours too */
+static PyObject *oom_error;
+
+static void set_error(const std::exception &e) {
+    const bool oom = dynamic_cast<const c10::OutOfMemoryError *>(&e) != nullptr;
+    PyErr_SetString(oom && oom_error ? oom_error : PyExc_RuntimeError, e.what());
 }
 
 static PyObject *alloc(int ndim, const int64_t *size, const int64_t *stride, int scalar_type,
                        int device_type, int device_index, int zeroed, void **data) {
     try {
-        const auto dtype = caffe2::TypeMeta::fromScalarType(static_cast<c10::ScalarType>(scalar_type));
-        const size_t nbytes = storage_bytes(ndim, size, stride, dtype.itemsize());
-        c10::DataPtr block;
-        if (cuda_allocator && !zeroed && device_type == static_cast<int>(c10::DeviceType::CUDA))
-            block = cuda_allocator->allocate(nbytes);
-        /* (a block of another device than asked: released, and at::empty_strided below) */
-        if (block && block.device().index() == device_index) {
-            *data = block.get();
-            c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(block),
-                                 cuda_allocator, /*resizable=*/true);
-            at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-                std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype);
-            t.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(size, ndim),
-                                                          c10::IntArrayRef(stride, ndim));
-            return THPVariable_Wrap(t);
+        const c10::IntArrayRef sizes(size, static_cast<size_t>(ndim)), strides(stride, ndim);
+        if (cuda_allocator && !zeroed && device_type == static_cast<int>(c10::DeviceType::CUDA)) {
+            at::TensorBase b = at::detail::empty_strided_generic(
+                sizes, strides, cuda_allocator, c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                static_cast<c10::ScalarType>(scalar_type));
+            /* (an empty tensor has no block to say its device: made as below) */
+            if (b.storage().data() && b.storage().device().index() == device_index) {
+                *data = const_cast<void *>(b.unsafeGetTensorImpl()->data());
+                return THPVariable_Wrap(b);
+            }
         }
-        block.clear();
         const auto opt = at::TensorOptions()
                              .dtype(static_cast<c10::ScalarType>(scalar_type))
                              .device(c10::Device(static_cast<c10::DeviceType>(device_type),
                                                  static_cast<c10::DeviceIndex>(device_index)));
-        const c10::IntArrayRef sizes(size, static_cast<size_t>(ndim));
-        at::Tensor t = zeroed ? at::zeros(sizes, opt)
-                              : at::empty_strided(sizes, c10::IntArrayRef(stride, ndim), opt);
+        at::Tensor t = zeroed ? at::zeros(sizes, opt) : at::empty_strided(sizes, strides, opt);
         *data = const_cast<void *>(t.unsafeGetTensorImpl()->data());
         if (!cuda_allocator && !zeroed && t.is_cuda() && t.storage().allocator())
             cuda_allocator = t.storage().allocator();
         return THPVariable_Wrap(t);
     } catch (const std::exception &e) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
+        set_error(e);
         return nullptr;
     }
 }
@@ -192,16 +185,21 @@ static PyObject *alloc(int ndim, const int64_t *size, const int64_t *stride, int
  * the CUDA caching allocator, as a tensor's would be, without the tensor. Its release
  * returns it to the allocator's pool of the stream it was taken on, so the next use of
  * it is ordered after this call's kernels, as for a temporary tensor of a torch op
- * (graph capture included). get(nbytes, &data): a handle (NULL with a Python error set,
- * or before the first CUDA allocation); put(handle) releases it. */
-static void *scratch_get(size_t nbytes, void **data) {
+ * (graph capture included). get(nbytes, device index, &data): a handle (NULL with a
+ * Python error set; NULL without one before the first CUDA allocation, or where the
+ * block is not on that device, the current one); put(handle) releases it. */
+static void *scratch_get(size_t nbytes, int device_index, void **data) {
     if (!cuda_allocator) return nullptr;
     try {
         auto *block = new c10::DataPtr(cuda_allocator->allocate(nbytes));
+        if (!block->get() || block->device().index() != device_index) {
+            delete block;
+            return nullptr;
+        }
         *data = block->get();
         return block;
     } catch (const std::exception &e) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
+        set_error(e);
         return nullptr;
     }
 }
@@ -209,7 +207,7 @@ static void *scratch_get(size_t nbytes, void **data) {
 static void scratch_put(void *handle) { delete static_cast<c10::DataPtr *>(handle); }
 
 struct scratch_fns {
-    void *(*get)(size_t, void **);
+    void *(*get)(size_t, int, void **);
     void (*put)(void *);
 };
 static scratch_fns scratch = {scratch_get, scratch_put};
@@ -232,7 +230,7 @@ static PyObject *blob(void *data, int ndim, const int64_t *size, int scalar_type
         t.unsafeGetTensorImpl()->set_sizes_contiguous(c10::IntArrayRef(size, ndim));
         return THPVariable_Wrap(t);
     } catch (const std::exception &e) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
+        set_error(e);
         return nullptr;
     }
 }
@@ -267,6 +265,12 @@ static bool add_capsule(PyObject *m, const char *attr, const char *capsule, void
 PyMODINIT_FUNC PyInit__torchalloc_ext(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return nullptr;
+    if (!oom_error) {
+        PyObject *torch = PyImport_ImportModule("torch");
+        oom_error = torch ? PyObject_GetAttrString(torch, "OutOfMemoryError") : nullptr;
+        Py_XDECREF(torch);
+        if (!oom_error) PyErr_Clear(); /* (RuntimeError then) */
+    }
     /* plain and view read a tensor through its Python object: where the layout checks */
     const bool head = head_matches();
 #define CAPSULE(f) add_capsule(m, #f, "rl_triton_core._torchalloc." #f, reinterpret_cast<void *>(&f))

@@ -512,7 +512,7 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         if t is not None and (n_tok + 1) * t.stride(1) >= 2**31:
             raise ValueError(f"{name}: a response spans {n_tok} tokens of stride "
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
-    if how is not None and not packed:
+    if how is not None and not packed and mode in (MODE_GAE_SKIP, MODE_GAE_MUL, MODE_STATS):
         br, btp = triton.next_power_of_2(n_rows), max(16, triton.next_power_of_2(n_tok))
         if br * btp <= _config.current_tuning().small_tokens:
             return _run_small(mode, src, v, m, g, gl, out0, out1, how, br, btp, fp64), []

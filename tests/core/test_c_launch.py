@@ -155,11 +155,16 @@ def _token_call(case, gen, gamma, lmbda):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("small_tokens", [4096, 0])  # whitening: one launch, or two
 @pytest.mark.parametrize("alloc", ["torch", "python"])
 @pytest.mark.parametrize("case", TOKEN_CASES)
-def test_c_replay_of_the_token_estimators(case, alloc, gen, monkeypatch):
+def test_c_replay_of_the_token_estimators(case, alloc, small_tokens, gen, monkeypatch):
     """A repeated token call (masked GAE, returns, whitening; padded and packed) is
     launched from C, with the full path's bits on fresh data and new coefficients."""
+    import rl_triton_core as rc
+
+    monkeypatch.setattr(rc._config, "_current",
+                        rc.current_tuning().replace(small_tokens=small_tokens))
     _needs_c_launch(alloc)
     _dispatch._PLANS.clear()
     _token_call(case, gen, 0.9, 0.8)()  # recorded
@@ -178,7 +183,8 @@ def test_c_replay_of_the_token_estimators(case, alloc, gen, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["gae", "gae_three_launches", "gae_whiten", "whiten"])
+@pytest.mark.parametrize("case", ["gae", "gae_three_launches", "gae_whiten", "whiten",
+                                  "gae_whiten_one_launch", "whiten_one_launch"])
 def test_c_replay_outputs_and_scratch_are_torchs(case, gen, monkeypatch):
     """The C++ allocation's outputs (the caching allocator's block in a CUDA tensor made
     without the dispatcher) are torch.empty_strided's in device, dtype, shape, strides,
@@ -189,11 +195,13 @@ def test_c_replay_outputs_and_scratch_are_torchs(case, gen, monkeypatch):
 
     _needs_c_launch("torch")
     _dispatch._PLANS.clear()
+    # (6, 700): the whitening's two launches and their workspace; (6, 300): one launch
+    wide = (6, 300) if case.endswith("one_launch") else (6, 700)
     if case.startswith("gae"):
-        shape = (3, 70_000) if case == "gae_three_launches" else (6, 300)
+        shape = (3, 70_000) if case == "gae_three_launches" else wide
         r, v = (torch.randn(shape, generator=gen).cuda() for _ in range(2))
         m = (torch.rand(shape, generator=gen) < 0.8).cuda()
-        if case == "gae_whiten":
+        if case.startswith("gae_whiten"):
             def call():
                 return rc.masked_gae(r, v, m, gamma=0.99, lmbda=0.9, whiten=True, time_dim=-1)
         else:
@@ -201,8 +209,8 @@ def test_c_replay_outputs_and_scratch_are_torchs(case, gen, monkeypatch):
                 with rc.tuning(look_back=False):  # (70,000 steps: a segmented plan)
                     return rc.gae(r, v, ~m, bootstrap_value=v[:, 0], time_dim=-1)
     else:
-        x = torch.randn(6, 300, generator=gen).cuda()
-        m = (torch.rand(6, 300, generator=gen) < 0.8).cuda()
+        x = torch.randn(wide, generator=gen).cuda()
+        m = (torch.rand(wide, generator=gen) < 0.8).cuda()
 
         def call():
             return rc.masked_whiten(x, m)
@@ -220,6 +228,7 @@ def test_c_replay_outputs_and_scratch_are_torchs(case, gen, monkeypatch):
     _same(got, want)
     for g, w in zip(got, want):
         assert g.device == w.device and g.storage_offset() == w.storage_offset() == 0
+        assert torch._C._dispatch_keys(g) == torch._C._dispatch_keys(w)
         assert g.untyped_storage().nbytes() == w.untyped_storage().nbytes()
         assert g.untyped_storage().resizable() == w.untyped_storage().resizable()
         assert g.is_contiguous() and not g.requires_grad and g.grad_fn is None
