@@ -135,8 +135,8 @@ static PyObject *gpu_views(PyObject *self, PyObject *arg) {
  * Python functions (*data: NULL). A new reference, or NULL with an error set. */
 static PyObject *alloc_spec(PyObject *spec, PyObject *device, int device_type, int index,
                             void **data) {
-    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) {
-        PyErr_SetString(PyExc_ValueError, "_cscan: an allocation spec of 5 items");
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 5) {
+        PyErr_SetString(PyExc_ValueError, "_cscan: an allocation spec of 5 or 6 items");
         return NULL;
     }
     PyObject *size = PyTuple_GET_ITEM(spec, 0), *stride = PyTuple_GET_ITEM(spec, 1);
@@ -361,43 +361,13 @@ static void split_f32(double x, float *hi, float *lo) {
     *lo = (float)(x - (double)*hi);
 }
 
-#if GPU_REPLAY
-/* whether allocation j of r is one of its results */
-static int returned(const grecord_t *r, int j) {
-    for (int k = 0; k < r->nret; k++)
-        if (r->ret_kind[k] == P_ALLOC && r->ret_idx[k] == j) return 1;
-    return 0;
-}
-
-/* the bytes of a workspace spec (size, stride, dtype, zeroed, c10 scalar type): 0 where
- * it takes a tensor (zeroed, empty, a dtype of no number or another layout), -1 with an
- * error set */
-static int64_t scratch_bytes(PyObject *spec) {
-    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) return 0;
-    PyObject *size = PyTuple_GET_ITEM(spec, 0), *stride = PyTuple_GET_ITEM(spec, 1);
-    if (PyTuple_GET_ITEM(spec, 3) != Py_False || !PyTuple_Check(size) || !PyTuple_Check(stride) ||
-        PyTuple_GET_SIZE(size) != PyTuple_GET_SIZE(stride))
-        return 0;
-    static const int item[16] = {1, 1, 2, 4, 8, 2, 4, 8, 0, 0, 0, 1, 0, 0, 0, 2};
-    const long code = PyLong_AsLong(PyTuple_GET_ITEM(spec, 4));
-    if (code == -1 && PyErr_Occurred()) return -1;
-    if (code < 0 || code > 15 || !item[code]) return 0;
-    int64_t extent = 1;
-    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(size); d++) {
-        const int64_t n = PyLong_AsLongLong(PyTuple_GET_ITEM(size, d));
-        const int64_t s = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, d));
-        if (PyErr_Occurred()) return -1;
-        if (n <= 0 || s < 0) return 0;
-        extent += (n - 1) * s;
-    }
-    return extent * item[code];
-}
-#endif
 
 /* The replay of a GPU recording rec = (grecord bytes, allocations, tuning, results, device)
  * for the user's arguments call_args (whose views are in dl; plain: 1 where the key read
  * every tensor as plain, else -1: checked here); None (the Python path) where
- * a check fails. allocations: per tensor (size, stride, dtype, zeroed, c10 scalar type or -1). */
+ * a check fails. allocations: per tensor (size, stride, dtype, zeroed, c10 scalar type or
+ * -1, the bytes of a workspace taken as a block: 0 for a result, a zeroed one or any
+ * other taken as a tensor). */
 static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_t *dl,
                             int plain) {
 #if GPU_REPLAY
@@ -476,10 +446,13 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
     PyObject *res = NULL;
     for (Py_ssize_t j = 0; j < na; j++) {
         PyObject *spec = PyTuple_GET_ITEM(allocs, j);
-        if (scratch && !returned(r, (int)j)) { /* a workspace: a block, no tensor */
-            const int64_t nbytes = scratch_bytes(spec);
-            if (nbytes < 0) goto done;
-            if (nbytes > 0 && (held[j] = scratch->get((size_t)nbytes, dev, &ptr[j])))
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 6) goto done;
+        /* a workspace (its bytes: the record's, 0 for a result or a zeroed one): a block,
+         * no tensor */
+        const long long nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 5));
+        if (nbytes == -1 && PyErr_Occurred()) goto done;
+        if (scratch && nbytes > 0) {
+            if ((held[j] = scratch->get((size_t)nbytes, dev, &ptr[j])))
                 continue;
             if (PyErr_Occurred()) goto done;
         }

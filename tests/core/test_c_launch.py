@@ -5,6 +5,7 @@ a side stream; and it steps aside for a launch hook and where it is switched off
 record's parameter list is checked here on the CPU against a stand-in compiled kernel."""
 
 import inspect
+import os
 import struct
 
 import pytest
@@ -569,3 +570,19 @@ def test_c_replay_with_out(name, gen, monkeypatch):
     bad = (args[0], out[1]) if two else args[0]  # the first input as an output
     with pytest.raises(ValueError):
         fn(*args, **kw, out=bad)
+
+
+def test_scratch_bytes_are_the_storage_torch_would_allocate():
+    """A workspace the replay takes as a block has the bytes of the storage
+    torch.empty_strided gives the same spec (empty ones and unnumbered dtypes: 0, a
+    tensor)."""
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool):
+        for _ in range(20):
+            nd = int(torch.randint(1, 4, (), generator=g))
+            shape = tuple(int(x) for x in torch.randint(1, 7, (nd,), generator=g))
+            stride = tuple(int(x) for x in torch.randint(0, 40, (len(shape),), generator=g))
+            want = torch.empty_strided(shape, stride, dtype=dtype).untyped_storage().nbytes()
+            assert _claunch._scratch_bytes(shape, stride, dtype) == want, (shape, stride, dtype)
+    assert _claunch._scratch_bytes((0, 5), (5, 1), torch.float32) == 0
+    assert _claunch._scratch_bytes((4,), (1,), torch.complex64) == 0
