@@ -236,8 +236,13 @@ def test_c_replay_outputs_and_scratch_are_torchs(case, gen, monkeypatch):
     g = got[0]
     (g + 1).sum().item()  # usable as any tensor
     del got, g
+    replayed.clear()  # (the spy's list holds what it saw: emptied after each call)
+    taken = 0
     for _ in range(50):
         call()
+        taken += len(replayed)
+        replayed.clear()
+    assert taken == 50
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == base
 
