@@ -62,6 +62,10 @@ class Tuning:
             chunk tiles (sweeps).
         wide_index: tests: int64 element offsets even where int32 ones reach every
             element (the plan's choice for tensors under $2^{31}$ elements).
+        small_tokens: token estimators that whiten or fill, on batches of at most this
+            many tokens (responses and tokens each rounded up to a power of two; not
+            packed) run in one launch of one program (0: never; the scan, then the
+            whitening pass).
         fused_actions: ``retrace_from_actions`` on the Triton path in one pass (the
             per-action pieces built as the scan's coefficients): None (default) where
             it measured faster than two passes (batch-major rows of 16-1024 steps);
@@ -87,6 +91,7 @@ class Tuning:
     cpu_plans: bool = False
     row_tiles: bool = True
     wide_index: bool = False
+    small_tokens: int = 4096
     fused_actions: bool | None = {"1": True, "0": False}.get(
         os.environ.get("RL_TRITON_CORE_FUSED_ACTIONS", ""))
 
@@ -94,6 +99,9 @@ class Tuning:
         p = self.prefetch
         if isinstance(p, bool) or not isinstance(p, int) or p < 0:
             raise ValueError(f"prefetch must be a whole number of chunks >= 0, got {p!r}")
+        st = self.small_tokens
+        if isinstance(st, bool) or not isinstance(st, int) or st < 0:
+            raise ValueError(f"small_tokens must be a whole number of tokens >= 0, got {st!r}")
         w = self.look_window
         if isinstance(w, bool) or not isinstance(w, int) or w < 2 or w & (w - 1):
             raise ValueError(f"look_window must be a power of two >= 2, got {w!r}")

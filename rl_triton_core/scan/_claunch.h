@@ -69,24 +69,33 @@ static PyObject *s_enter_hook, *s_exit_hook, *s_calls;
 
 /* at::empty_strided / at::zeros from torch's C++ API (_torchalloc.cpp, handed over by
  * gpu_alloc), or NULL: torch.empty_strided / torch.zeros called as Python functions */
-typedef PyObject *(*ext_alloc_t)(int, const int64_t *, const int64_t *, int, int, int, int);
+typedef PyObject *(*ext_alloc_t)(int, const int64_t *, const int64_t *, int, int, int, int,
+                                 void **);
 static ext_alloc_t ext_alloc;
+/* a call's scratch block (a workspace that is not returned) from torch's CUDA caching
+ * allocator, without a tensor: _torchalloc.cpp's scratch_fns, or NULL: a tensor */
+typedef struct {
+    void *(*get)(size_t, int, void **);
+    void (*put)(void *);
+} ext_scratch_t;
+static const ext_scratch_t *ext_scratch;
 
-/* gpu_alloc(alloc, plain[, blob[, view]]): the C replay allocates through the capsule
- * alloc's function from now on (_torchalloc.py checks its dtype numbers first), checks
- * tensors through plain's where it is a capsule (else by their attributes), makes its
- * CPU outputs from the block cache through blob's and reads CPU tensors through view's
- * where those are capsules (else through DLPack); gpu_alloc(None, None): the Python
- * functions, attributes and DLPack again.
- * True */
+/* gpu_alloc(alloc, plain[, blob[, view[, scratch]]]): the C replay allocates through the
+ * capsule alloc's function from now on (_torchalloc.py checks its dtype numbers first),
+ * checks tensors through plain's where it is a capsule (else by their attributes), makes
+ * its CPU outputs from the block cache through blob's, reads CPU tensors through view's
+ * and takes CUDA scratch blocks through scratch's where those are capsules (else
+ * DLPack and tensors); gpu_alloc(None, None): the Python functions, attributes and
+ * DLPack again. True */
 static PyObject *gpu_alloc(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 2 || nargs > 4) {
-        PyErr_SetString(PyExc_TypeError, "_cscan.gpu_alloc(alloc, plain[, blob[, view]])");
+    if (nargs < 2 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_cscan.gpu_alloc(alloc, plain[, blob[, view[, scratch]]])");
         return NULL;
     }
-    void *f = NULL, *p = NULL, *b = NULL, *v = NULL;
+    void *f = NULL, *p = NULL, *b = NULL, *v = NULL, *sc = NULL;
     if (args[0] != Py_None &&
-        !(f = PyCapsule_GetPointer(args[0], "rl_triton_core._torchalloc.alloc")))
+        !(f = PyCapsule_GetPointer(args[0], "rl_triton_core._torchalloc.alloc2")))
         return NULL;
     if (args[1] != Py_None &&
         !(p = PyCapsule_GetPointer(args[1], "rl_triton_core._torchalloc.plain")))
@@ -97,20 +106,37 @@ static PyObject *gpu_alloc(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (nargs >= 4 && args[3] != Py_None &&
         !(v = PyCapsule_GetPointer(args[3], "rl_triton_core._torchalloc.view")))
         return NULL;
+    if (nargs >= 5 && args[4] != Py_None &&
+        !(sc = PyCapsule_GetPointer(args[4], "rl_triton_core._torchalloc.scratch")))
+        return NULL;
     ext_alloc = (ext_alloc_t)f;
     ext_plain = (ext_plain_t)p;
     ext_blob = (ext_blob_t)b;
     ext_view = (ext_view_t)v;
+    ext_scratch = (const ext_scratch_t *)sc;
+    ext_view_cuda = 0; /* until gpu_views(True) */
     Py_RETURN_TRUE;
+}
+
+/* gpu_views(on): whether the replay reads CUDA tensors through gpu_alloc's view too
+ * (_torchalloc.py turns it on where view describes CUDA samples as DLPack does); the
+ * previous setting */
+static PyObject *gpu_views(PyObject *self, PyObject *arg) {
+    const int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    const int was = ext_view_cuda;
+    ext_view_cuda = on && ext_view;
+    return PyBool_FromLong(was);
 }
 
 /* A call's tensor from its record's spec (size, stride, dtype, zeroed, scalar type: the
  * c10 number, or -1) on device (device_type, index; device: the torch.device): through
- * ext_alloc where it is set and the spec has a number, else the Python functions. A new
- * reference, or NULL with an error set. */
-static PyObject *alloc_spec(PyObject *spec, PyObject *device, int device_type, int index) {
-    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) {
-        PyErr_SetString(PyExc_ValueError, "_cscan: an allocation spec of 5 items");
+ * ext_alloc where it is set and the spec has a number (*data: its address), else the
+ * Python functions (*data: NULL). A new reference, or NULL with an error set. */
+static PyObject *alloc_spec(PyObject *spec, PyObject *device, int device_type, int index,
+                            void **data) {
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 5) {
+        PyErr_SetString(PyExc_ValueError, "_cscan: an allocation spec of 5 or 6 items");
         return NULL;
     }
     PyObject *size = PyTuple_GET_ITEM(spec, 0), *stride = PyTuple_GET_ITEM(spec, 1);
@@ -126,8 +152,9 @@ static PyObject *alloc_spec(PyObject *spec, PyObject *device, int device_type, i
             st[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, d));
         }
         if (PyErr_Occurred()) return NULL;
-        return ext_alloc(nd, sz, st, (int)code, device_type, index, zeroed);
+        return ext_alloc(nd, sz, st, (int)code, device_type, index, zeroed, data);
     }
+    *data = NULL; /* (not known: the caller reads it) */
     if (zeroed) {
         PyObject *call[3] = {size, PyTuple_GET_ITEM(spec, 2), device};
         return PyObject_Vectorcall(torch_zeros, call, 1, kw_dtype_device);
@@ -142,7 +169,21 @@ static PyObject *alloc_test(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "_cscan.alloc_test(spec, device) after gpu_bind");
         return NULL;
     }
-    return alloc_spec(args[0], args[1], 0 /* c10::DeviceType::CPU */, -1);
+    void *data;
+    PyObject *t = alloc_spec(args[0], args[1], 0 /* c10::DeviceType::CPU */, -1, &data);
+    if (t && data && Py_IS_TYPE(t, tensor_type)) { /* the address it says is the tensor's */
+        dl_tensor_t d;
+        if (dl_api->dltensor_from_py_object_no_sync(t, &d)) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        if (d.data != data) {
+            Py_DECREF(t);
+            PyErr_SetString(PyExc_AssertionError, "_cscan.alloc_test: another address");
+            return NULL;
+        }
+    }
+    return t;
 }
 
 /* gpu_hooks(triton.knobs.runtime): where the replay reads Triton's launch hooks; called
@@ -320,10 +361,15 @@ static void split_f32(double x, float *hi, float *lo) {
     *lo = (float)(x - (double)*hi);
 }
 
+
 /* The replay of a GPU recording rec = (grecord bytes, allocations, tuning, results, device)
- * for the user's arguments call_args (whose views are in dl); None (the Python path) where
- * a check fails. allocations: per tensor (size, stride, dtype, zeroed, c10 scalar type or -1). */
-static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_t *dl) {
+ * for the user's arguments call_args (whose views are in dl; plain: 1 where the key read
+ * every tensor as plain, else -1: checked here); None (the Python path) where
+ * a check fails. allocations: per tensor (size, stride, dtype, zeroed, c10 scalar type or
+ * -1, the bytes of a workspace taken as a block: 0 for a result, a zeroed one or any
+ * other taken as a tensor). */
+static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_t *dl,
+                            int plain) {
 #if GPU_REPLAY
     if (!cu_launch || !triton_runtime) Py_RETURN_NONE;
     PyObject *blob = PyTuple_GET_ITEM(rec, 0), *allocs = PyTuple_GET_ITEM(rec, 1);
@@ -360,9 +406,11 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
     for (Py_ssize_t i = 0; i < r->nargs; i++) {
         PyObject *a = PyTuple_GET_ITEM(call_args, i);
         if (Py_IS_TYPE(a, tensor_type)) {
-            const int plain = plain_tensor(a);
-            if (plain < 0) return NULL;
-            if (!plain) Py_RETURN_NONE;
+            if (plain != 1) { /* (1: the key read every tensor as plain) */
+                const int p = plain_tensor(a);
+                if (p < 0) return NULL;
+                if (!p) Py_RETURN_NONE;
+            }
             if (dl[i].device.device_type == DL_CUDA) dev = dl[i].device.device_id;
         } else if (r->num[i]) {
             const double x = PyFloat_AsDouble(a);
@@ -392,17 +440,31 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
     void *stream = NULL;
     if (dl_stream(DL_CUDA, dev, &stream)) return NULL;
     PyObject *out[GL_ALLOCS] = {NULL};
-    void *ptr[GL_ALLOCS] = {NULL};
+    void *ptr[GL_ALLOCS] = {NULL}, *held[GL_ALLOCS] = {NULL};
+    const ext_scratch_t *const scratch = ext_scratch; /* (gpu_alloc may change it meanwhile) */
     const Py_ssize_t na = PyTuple_GET_SIZE(allocs);
     PyObject *res = NULL;
     for (Py_ssize_t j = 0; j < na; j++) {
-        PyObject *t = alloc_spec(PyTuple_GET_ITEM(allocs, j), device, 1 /* CUDA */, dev);
+        PyObject *spec = PyTuple_GET_ITEM(allocs, j);
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 6) goto done;
+        /* a workspace (its bytes: the record's, 0 for a result or a zeroed one): a block,
+         * no tensor */
+        const long long nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 5));
+        if (nbytes == -1 && PyErr_Occurred()) goto done;
+        if (scratch && nbytes > 0) {
+            if ((held[j] = scratch->get((size_t)nbytes, dev, &ptr[j])))
+                continue;
+            if (PyErr_Occurred()) goto done;
+        }
+        PyObject *t = alloc_spec(spec, device, 1 /* CUDA */, dev, &ptr[j]);
         if (!t) goto done;
         out[j] = t;
-        dl_tensor_t d;
-        if (!Py_IS_TYPE(t, tensor_type) || dl_api->dltensor_from_py_object_no_sync(t, &d))
-            goto done;
-        ptr[j] = d.data;
+        if (!Py_IS_TYPE(t, tensor_type)) goto done;
+        if (!ptr[j]) { /* (from Python) */
+            dl_tensor_t d;
+            if (dl_api->dltensor_from_py_object_no_sync(t, &d)) goto done;
+            ptr[j] = d.data;
+        }
     }
     for (int j = 0; j < r->nlaunch; j++) {
         const glaunch_t *L = &r->l[j];
@@ -450,11 +512,14 @@ static PyObject *gpu_replay(PyObject *rec, PyObject *call_args, const dl_tensor_
         }
     }
 done:
-    for (Py_ssize_t j = 0; j < GL_ALLOCS; j++) Py_XDECREF(out[j]);
+    for (Py_ssize_t j = 0; j < GL_ALLOCS; j++) {
+        if (held[j]) scratch->put(held[j]); /* (after the launches: stream-ordered) */
+        Py_XDECREF(out[j]);
+    }
     if (!res && !PyErr_Occurred()) Py_RETURN_NONE;
     return res;
 #else
-    (void)rec, (void)call_args, (void)dl;
+    (void)rec, (void)call_args, (void)dl, (void)plain;
     Py_RETURN_NONE;
 #endif
 }

@@ -157,9 +157,22 @@ def record(ckey, launches, allocs, returns, checks, extents, device, tune, sourc
     if not recorded:  # the C++ allocator: loaded from the cache, or built in the background
         _torchalloc.ensure()
     recorded = True
+    if device.type == "cuda":
+        _torchalloc.cuda_views()  # (once: where the extension is loaded)
+    kept = {idx for kind, idx in returns if kind == P_ALLOC}
     specs = tuple((tuple(shape), tuple(stride), dtype, bool(zero),
-                   _torchalloc.SCALAR.get(dtype, -1)) for shape, stride, dtype, zero in allocs)
+                   _torchalloc.SCALAR.get(dtype, -1),
+                   0 if j in kept or zero else _scratch_bytes(shape, stride, dtype))
+                  for j, (shape, stride, dtype, zero) in enumerate(allocs))
     return blob, specs, tune, len(returns), device
+
+
+def _scratch_bytes(shape, stride, dtype) -> int:
+    """The bytes of a workspace the replay takes as a block without a tensor (0: as a
+    tensor: empty, or a dtype the extension does not number)."""
+    if dtype not in _torchalloc.SCALAR or any(n <= 0 for n in shape) or any(s < 0 for s in stride):
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(shape, stride))) * dtype.itemsize
 
 
 _KIND = {"alloc": P_ALLOC, "arg": P_ARG, "f32": P_F32, "hi": P_HI, "lo": P_LO}

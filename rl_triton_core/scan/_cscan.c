@@ -1869,6 +1869,7 @@ typedef int (*ext_plain_t)(PyObject *);
 static ext_plain_t ext_plain;
 typedef int (*ext_view_t)(PyObject *, dl_tensor_t *);
 static ext_view_t ext_view;
+static int ext_view_cuda; /* ext_view's CUDA tensors are used (gpu_views: checked first) */
 typedef PyObject *(*ext_blob_t)(void *, int, const int64_t *, int, void (*)(void *), void *);
 static ext_blob_t ext_blob;
 
@@ -1912,7 +1913,8 @@ static Py_ssize_t call_key(PyObject *prefix, PyObject *args, PyObject *time_dim,
         PyObject *a = PyTuple_GET_ITEM(args, i);
         if (Py_IS_TYPE(a, tensor_type)) {
             dl_tensor_t *d = &dl[i];
-            const int v = ext_view ? ext_view(a, d) : 2;
+            int v = ext_view ? ext_view(a, d) : 2;
+            if (v != 2 && d->device.device_type != DL_CPU && !ext_view_cuda) v = 2;
             if (v == 1) *plain = 0;
             if (v == 2) {
                 *plain = *plain == 0 ? 0 : -1; /* not known: all_plain reads it */
@@ -2606,7 +2608,7 @@ static PyObject *replay_call(PyObject *const *args) {
     PyObject *out0 = NULL, *out1 = NULL, *res = NULL;
     if (PyTuple_CheckExact(rec) && PyTuple_GET_SIZE(rec) == 5 &&
         PyTuple_GET_ITEM(rec, 2) == args[4]) { /* a CUDA call's recording */
-        res = gpu_ok ? gpu_replay(rec, args[2], dl) : (Py_INCREF(Py_None), Py_None);
+        res = gpu_ok ? gpu_replay(rec, args[2], dl, plain) : (Py_INCREF(Py_None), Py_None);
         Py_DECREF(rec);
         return res;
     }
@@ -3318,6 +3320,9 @@ static PyMethodDef methods[] = {
     {"gpu_bind", (PyCFunction)(void (*)(void))gpu_bind, METH_FASTCALL,
      "gpu_bind(torch.empty_strided, torch.zeros): find the CUDA driver; True where "
      "replay() can repeat recorded CUDA launches."},
+    {"gpu_views", gpu_views, METH_O,
+     "gpu_views(on): the replay reads CUDA tensors through gpu_alloc's view too (True), or "
+     "through DLPack; returns the previous setting."},
     {"gpu_alloc", (PyCFunction)(void (*)(void))gpu_alloc, METH_FASTCALL,
      "gpu_alloc(alloc, plain): replay() allocates (and checks tensors) through "
      "_torchalloc's C++ functions; (None, None): through Python."},

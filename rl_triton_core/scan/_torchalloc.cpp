@@ -10,10 +10,14 @@
  * call (rl_triton_core/scan/_torchalloc.py); where it is not built, the replay calls
  * the Python functions as before.
  *
- * The module exports the capsule "alloc": a C function
+ * The module exports the capsule "alloc" (named rl_triton_core._torchalloc.alloc2): a C
+ * function
  *     PyObject *alloc(int ndim, const int64_t *size, const int64_t *stride,
- *                     int scalar_type, int device_type, int device_index, int zeroed)
- * (a new reference, or NULL with a Python error set); the capsule "plain" where this
+ *                     int scalar_type, int device_type, int device_index, int zeroed,
+ *                     void **data)
+ * (a new reference and in *data its address, or NULL with a Python error set); the
+ * capsule "scratch" (get and put of a call's CUDA scratch block); the capsule "plain"
+ * where this
  * torch's tensor object has the layout checked below: int plain(PyObject *tensor), the
  * replay's check that a tensor needs no autograd and has no negative bit; and
  * scalar_type(dtype): the c10::ScalarType number of a torch.dtype, which the caller
@@ -21,6 +25,7 @@
  */
 #include <Python.h>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/TensorBase.h>
 #include <c10/core/Storage.h>
 #include <c10/core/TensorImpl.h>
@@ -31,6 +36,7 @@
 #include <torch/csrc/Export.h>
 
 #include <exception>
+#include <stdexcept>
 
 /* torch/csrc/autograd/python_variable.h declares it (that header pulls in pybind11) */
 TORCH_PYTHON_API PyObject *THPVariable_Wrap(const at::TensorBase &var);
@@ -61,7 +67,7 @@ struct DLView {
     uint64_t byte_offset;
 };
 
-/* A CPU tensor's description, as torch's DLPack exchange table gives it
+/* A CPU or CUDA tensor's description, as torch's DLPack exchange table gives it
  * (dltensor_from_py_object_no_sync) for the dtypes below, read from the tensor itself:
  * 0 where it is plain (see plain()), 1 where it is not (described all the same), 2
  * where this does not describe it (another device, layout or dtype, a tensor subclass
@@ -69,14 +75,21 @@ struct DLView {
 static int view(PyObject *o, DLView *d) try {
     const at::Tensor &t = reinterpret_cast<THPVariableHead *>(o)->cdata;
     c10::TensorImpl *impl = t.unsafeGetTensorImpl();
-    /* a plain CPU tensor's keys: no wrapper (functionalization, functorch's transforms,
+    /* a plain tensor's keys: no wrapper (functionalization, functorch's transforms,
      * a Python subclass in C++), whose sizes or memory are not the tensor's own */
-    static const c10::DispatchKeySet plain_keys(
+    static const c10::DispatchKeySet cpu_keys(
         {c10::DispatchKey::CPU, c10::DispatchKey::AutogradCPU, c10::DispatchKey::ADInplaceOrView,
          c10::DispatchKey::AutocastCPU, c10::DispatchKey::Negative, c10::DispatchKey::Conjugate});
-    if (!impl || impl->device_type() != c10::DeviceType::CPU ||
-        !plain_keys.isSupersetOf(impl->key_set()) || impl->layout() != c10::kStrided ||
-        impl->has_symbolic_sizes_strides() || impl->is_nested() || !impl->has_storage())
+    static const c10::DispatchKeySet cuda_keys(
+        {c10::DispatchKey::CUDA, c10::DispatchKey::AutogradCUDA, c10::DispatchKey::ADInplaceOrView,
+         c10::DispatchKey::AutocastCUDA, c10::DispatchKey::Negative, c10::DispatchKey::Conjugate});
+    if (!impl) return 2;
+    const c10::DeviceType dev = impl->device_type();
+    const bool cuda = dev == c10::DeviceType::CUDA;
+    if (!(dev == c10::DeviceType::CPU || cuda) ||
+        !(cuda ? cuda_keys : cpu_keys).isSupersetOf(impl->key_set()) ||
+        impl->layout() != c10::kStrided || impl->has_symbolic_sizes_strides() ||
+        impl->is_nested() || !impl->has_storage())
         return 2;
     uint8_t code, bits;
     switch (c10::typeMetaToScalarType(impl->dtype())) {
@@ -94,8 +107,8 @@ static int view(PyObject *o, DLView *d) try {
     }
     const c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
     d->data = const_cast<void *>(impl->data());
-    d->device_type = 1; /* kDLCPU */
-    d->device_id = 0;
+    d->device_type = cuda ? 2 : 1; /* kDLCUDA, kDLCPU */
+    d->device_id = cuda ? impl->device().index() : 0;
     d->ndim = static_cast<int32_t>(sizes.size());
     d->code = code;
     d->bits = bits;
@@ -122,22 +135,82 @@ static bool head_matches() {
     }
 }
 
+/* The CUDA caching allocator, as the storage of a tensor at::empty_strided made reports it
+ * (learned at the first CUDA allocation): a later CUDA tensor is made by the function
+ * at::empty_strided's CUDA kernel calls (at::detail::empty_strided_generic: the
+ * allocator's block on the current device and stream, a resizable storage, the CUDA key,
+ * the size checks), without the dispatcher and the options' processing. The caller has
+ * made the tensor's device current. */
+static c10::Allocator *cuda_allocator;
+
+/* torch.OutOfMemoryError (set at import; else RuntimeError): what torch raises when the
+ * caching allocator cannot allocate, so callers that catch it catch ours too */
+static PyObject *oom_error;
+
+static void set_error(const std::exception &e) {
+    const bool oom = dynamic_cast<const c10::OutOfMemoryError *>(&e) != nullptr;
+    PyErr_SetString(oom && oom_error ? oom_error : PyExc_RuntimeError, e.what());
+}
+
 static PyObject *alloc(int ndim, const int64_t *size, const int64_t *stride, int scalar_type,
-                       int device_type, int device_index, int zeroed) {
+                       int device_type, int device_index, int zeroed, void **data) {
     try {
+        const c10::IntArrayRef sizes(size, static_cast<size_t>(ndim)), strides(stride, ndim);
+        if (cuda_allocator && !zeroed && device_type == static_cast<int>(c10::DeviceType::CUDA)) {
+            at::TensorBase b = at::detail::empty_strided_generic(
+                sizes, strides, cuda_allocator, c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                static_cast<c10::ScalarType>(scalar_type));
+            /* (an empty tensor has no block to say its device: made as below) */
+            if (b.storage().data() && b.storage().device().index() == device_index) {
+                *data = const_cast<void *>(b.unsafeGetTensorImpl()->data());
+                return THPVariable_Wrap(b);
+            }
+        }
         const auto opt = at::TensorOptions()
                              .dtype(static_cast<c10::ScalarType>(scalar_type))
                              .device(c10::Device(static_cast<c10::DeviceType>(device_type),
                                                  static_cast<c10::DeviceIndex>(device_index)));
-        const c10::IntArrayRef sizes(size, static_cast<size_t>(ndim));
-        at::Tensor t = zeroed ? at::zeros(sizes, opt)
-                              : at::empty_strided(sizes, c10::IntArrayRef(stride, ndim), opt);
+        at::Tensor t = zeroed ? at::zeros(sizes, opt) : at::empty_strided(sizes, strides, opt);
+        *data = const_cast<void *>(t.unsafeGetTensorImpl()->data());
+        if (!cuda_allocator && !zeroed && t.is_cuda() && t.storage().allocator())
+            cuda_allocator = t.storage().allocator();
         return THPVariable_Wrap(t);
     } catch (const std::exception &e) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
+        set_error(e);
         return nullptr;
     }
 }
+
+/* Scratch memory for one call's kernels (a workspace that is not returned): a block of
+ * the CUDA caching allocator, as a tensor's would be, without the tensor. Its release
+ * returns it to the allocator's pool of the stream it was taken on, so the next use of
+ * it is ordered after this call's kernels, as for a temporary tensor of a torch op
+ * (graph capture included). get(nbytes, device index, &data): a handle (NULL with a
+ * Python error set; NULL without one before the first CUDA allocation, or where the
+ * block is not on that device, the current one); put(handle) releases it. */
+static void *scratch_get(size_t nbytes, int device_index, void **data) {
+    if (!cuda_allocator) return nullptr;
+    try {
+        auto *block = new c10::DataPtr(cuda_allocator->allocate(nbytes));
+        if (!block->get() || block->device().index() != device_index) {
+            delete block;
+            return nullptr;
+        }
+        *data = block->get();
+        return block;
+    } catch (const std::exception &e) {
+        set_error(e);
+        return nullptr;
+    }
+}
+
+static void scratch_put(void *handle) { delete static_cast<c10::DataPtr *>(handle); }
+
+struct scratch_fns {
+    void *(*get)(size_t, int, void **);
+    void (*put)(void *);
+};
+static scratch_fns scratch = {scratch_get, scratch_put};
 
 /* A CPU tensor over memory the caller owns (size, contiguous strides, dtype), whose
  * release calls free_fn(ctx): what at::from_blob makes, without its std::function
@@ -157,7 +230,7 @@ static PyObject *blob(void *data, int ndim, const int64_t *size, int scalar_type
         t.unsafeGetTensorImpl()->set_sizes_contiguous(c10::IntArrayRef(size, ndim));
         return THPVariable_Wrap(t);
     } catch (const std::exception &e) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
+        set_error(e);
         return nullptr;
     }
 }
@@ -192,10 +265,18 @@ static bool add_capsule(PyObject *m, const char *attr, const char *capsule, void
 PyMODINIT_FUNC PyInit__torchalloc_ext(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return nullptr;
+    if (!oom_error) {
+        PyObject *torch = PyImport_ImportModule("torch");
+        oom_error = torch ? PyObject_GetAttrString(torch, "OutOfMemoryError") : nullptr;
+        Py_XDECREF(torch);
+        if (!oom_error) PyErr_Clear(); /* (RuntimeError then) */
+    }
     /* plain and view read a tensor through its Python object: where the layout checks */
     const bool head = head_matches();
 #define CAPSULE(f) add_capsule(m, #f, "rl_triton_core._torchalloc." #f, reinterpret_cast<void *>(&f))
-    const bool ok = CAPSULE(alloc) && CAPSULE(blob) && (!head || (CAPSULE(plain) && CAPSULE(view)));
+    const bool ok = add_capsule(m, "alloc", "rl_triton_core._torchalloc.alloc2",
+                                reinterpret_cast<void *>(&alloc)) &&
+                    CAPSULE(blob) && CAPSULE(scratch) && (!head || (CAPSULE(plain) && CAPSULE(view)));
 #undef CAPSULE
     if (!ok) {
         Py_DECREF(m);

@@ -56,38 +56,60 @@ _thread: threading.Thread | None = None
 state = "not loaded"  # "loaded", "building", "failed: ...", "off", "unsupported: ..."
 build_seconds: float | None = None  # the build's time, where this cache entry was built
 module = None  # the loaded extension
+_cuda_views = None  # whether view reads CUDA tensors (None: not checked since use(True))
 
 
 def use(on: bool):
     """Allocate, check and read tensors through the loaded extension (``on``), or
     through torch's Python functions and DLPack (tests compare the two). Its ``view``
-    (a CPU tensor read from the tensor itself) is used only where it describes every
-    tensor of :func:`_view_samples` exactly as DLPack does."""
+    (a tensor read from the tensor itself) is used only where it describes every tensor
+    of :func:`_view_samples` exactly as DLPack does: CPU tensors from here, CUDA tensors
+    once :func:`cuda_views` has checked them."""
+    global _cuda_views
     cs = _cpu_c._cscan
+    _cuda_views = None
     if on and module is not None:
+        view = getattr(module, "view", None)
         cs.gpu_alloc(module.alloc, getattr(module, "plain", None),
-                     getattr(module, "blob", None), getattr(module, "view", None))
-        if not _views_agree():
+                     getattr(module, "blob", None), view, getattr(module, "scratch", None))
+        if view is not None and not _views_agree(torch.device("cpu")):
             cs.gpu_alloc(module.alloc, getattr(module, "plain", None),
-                         getattr(module, "blob", None))
+                         getattr(module, "blob", None), None, getattr(module, "scratch", None))
     else:
         cs.gpu_alloc(None, None)
 
 
-def _view_samples() -> list:
-    """CPU tensors of every dtype the extension's ``view`` reads, contiguous, strided,
-    offset, expanded, 0-d, empty, transposed; one requiring grad, one negative view."""
-    base = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+def cuda_views() -> bool:
+    """Let the C replay read CUDA tensors through the extension's ``view`` where it
+    describes CUDA samples (:func:`_view_samples`: metadata only, no kernel) exactly as
+    DLPack does; checked once after :func:`use`, from a recorded CUDA call's thread
+    (never while a CUDA graph is captured: then at a later record). True where it reads
+    them."""
+    global _cuda_views
+    if _cuda_views is None and module is not None and getattr(module, "view", None) is not None \
+            and torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing():
+        ok = _views_agree(torch.device("cuda", torch.cuda.current_device()))
+        _cpu_c._cscan.gpu_views(ok)
+        _cuda_views = ok
+    return bool(_cuda_views)
+
+
+def _view_samples(device) -> list:
+    """Tensors on ``device`` of every dtype the extension's ``view`` reads, contiguous,
+    strided, offset, expanded, 0-d, empty, transposed; one requiring grad, one negative
+    view. Made with ``torch.empty`` and views only: no kernel runs."""
+    base = torch.empty(2, 3, 4, device=device)
     out = [base, base[:, 1:, ::2], base.transpose(0, 2), base[1], base[0, 0, 0],
-           torch.empty(0, 3), torch.ones(5).expand(3, 5),
-           base.clone().requires_grad_(True), torch.randn(3, dtype=torch.complex64).conj().imag]
-    out += [torch.zeros(3, 2, dtype=d)[:, 1] for d in SCALAR]
+           torch.empty(0, 3, device=device), torch.empty(5, device=device).expand(3, 5),
+           torch.empty(2, 3, device=device).requires_grad_(True),
+           torch.empty(3, dtype=torch.complex64, device=device).conj().imag]
+    out += [torch.empty(3, 2, dtype=d, device=device)[:, 1] for d in SCALAR]
     return out
 
 
-def _views_agree() -> bool:
+def _views_agree(device) -> bool:
     views = _cpu_c._cscan.views
-    for t in _view_samples():
+    for t in _view_samples(device):
         ext, dl = views(t, True), views(t, False)
         if ext is None:  # (read through DLPack then)
             continue

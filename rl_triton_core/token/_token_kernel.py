@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rl_triton_core import _tl
+from rl_triton_core import _config, _tl
 from rl_triton_core._host import sm_count, split
 
 MODE_GAE_SKIP = tl.constexpr(0)  # verl: advantages and next values carried over masked tokens
@@ -402,6 +402,66 @@ def whiten_kernel(X, M, Y, WS, N, sxn, sxt, smn, smt, T, numel, n_blocks, t_bloc
         x, valid = xn, validn
 
 
+@triton.jit
+def token_small_kernel(R, V, M, ADV, RET, srn, srt, svn, svt, smn, smt, T, N,
+                       g_hi, g_lo, gl_hi, gl_lo, ce_hi, ce_lo, eps_hi, eps_lo, fill,
+                       MODE: tl.constexpr, NORM: tl.constexpr, SHIFT: tl.constexpr,
+                       FILL: tl.constexpr, UNBIASED: tl.constexpr, FP64: tl.constexpr,
+                       BR: tl.constexpr, BT: tl.constexpr):
+    """A small padded batch (N <= BR responses of T <= BT tokens) whitened or filled in
+    one program, where the two kernels above take two launches and a workspace: each
+    token's step as a map of the state (:func:`_compose`), a reverse scan of the maps
+    along the tokens (the state entering each token from (0, 0) after the row's end),
+    then the whitening's statistics over every valid token of the batch in registers
+    (two passes: the mean, then the spread about it; :func:`_whitening`'s formulas), and
+    the outputs stored once. Outputs contiguous [N, T]; MODE_STATS whitens x (R)."""
+    rows = tl.arange(0, BR).to(tl.int64)[:, None]
+    t = tl.arange(0, BT)[None, :]
+    ok = (rows < N) & (t < T)
+    m = _tl.flag(M + rows * smn, t * smt, ok)
+    r = _tl.load(R + rows * srn, t * srt, ok, FP64)
+    if MODE == MODE_GAE_SKIP or MODE == MODE_GAE_MUL:
+        v = _tl.load(V + rows * svn, t * svt, ok, FP64)
+    else:
+        v = r
+    if MODE == MODE_STATS:
+        h = r
+    else:
+        g = _tl.number(g_hi, g_lo, FP64)
+        gl = _tl.number(gl_hi, gl_lo, FP64)
+        z = tl.zeros_like(r)
+        w = _compose((z, z, z + 1.0, z, z + 1.0), m, r, v, ok, g, gl, MODE)
+        h, _, _, _, _ = tl.associative_scan(w, 1, _combine2, reverse=True)
+    y = h
+    valid = m & ok
+    if NORM:
+        one = tl.where(valid, 1.0, 0.0).to(h.dtype)
+        cnt = tl.sum(tl.sum(one, axis=1), axis=0)
+        tot = tl.sum(tl.sum(tl.where(valid, h, 0.0), axis=1), axis=0)
+        mean = tl.where(cnt > 0, tot / tl.maximum(cnt, 1.0), 0.0)
+        dv = tl.where(valid, h - mean, 0.0)
+        m2 = tl.sum(tl.sum(dv * dv, axis=1), axis=0)
+        ce = _tl.number(ce_hi, ce_lo, FP64)
+        eps = _tl.number(eps_hi, eps_lo, FP64)
+        mu = mean * cnt / (cnt + ce)
+        d = mean - mu
+        var = (m2 + cnt * d * d) / (cnt + ce)
+        if UNBIASED:  # one valid token: no unbiased variance, NaN (as the CPU path)
+            var = tl.where(cnt == 1.0, float("nan"), var * (cnt / (cnt - 1.0)))
+        rstd = 1.0 / tl.sqrt(var + eps)
+        y = (h - mu) * rstd
+        if not SHIFT:
+            y = y + mu
+    if FILL:
+        y = tl.where(valid, y, fill)
+    o = rows * T + t
+    tl.store(ADV + o, y.to(ADV.dtype.element_ty), mask=ok)
+    if MODE == MODE_GAE_SKIP:
+        tl.store(RET + o, (h + v).to(RET.dtype.element_ty), mask=ok)
+    if MODE == MODE_GAE_MUL:
+        tl.store(RET + o, (h + tl.where(m, v, 0.0)).to(RET.dtype.element_ty), mask=ok)
+
+
 def config(n_rows: int, n_tokens: int) -> tuple[int, int, int]:
     """(BT, num_warps, K) of the scan of ``n_rows`` responses of about ``n_tokens``
     tokens: BT tokens per step, rows of 4K consecutive tokens per thread (BT a multiple
@@ -452,6 +512,10 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
         if t is not None and (n_tok + 1) * t.stride(1) >= 2**31:
             raise ValueError(f"{name}: a response spans {n_tok} tokens of stride "
                              f"{t.stride(1)}, over 2^31 elements; pass it contiguous")
+    if how is not None and not packed and mode in (MODE_GAE_SKIP, MODE_GAE_MUL, MODE_STATS):
+        br, btp = triton.next_power_of_2(n_rows), max(16, triton.next_power_of_2(n_tok))
+        if br * btp <= _config.current_tuning().small_tokens:
+            return _run_small(mode, src, v, m, g, gl, out0, out1, how, br, btp, fp64), []
     bt, warps, k = config(n_rows, n_tok if not packed else n_tok // max(n_rows, 1))
     ws = torch.empty(3 * n_rows, dtype=acc, device=device) if whiten else None
     scratch = [] if ws is None else [(ws, False)]
@@ -496,3 +560,22 @@ def run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src):
     compiled, args = _tl.launch(whiten_kernel, grid, kw, consts, w_warps)
     launched.append((whiten_kernel, compiled, grid, consts, args))
     return launched, scratch
+
+
+def _run_small(mode, src, v, m, g, gl, out0, out1, how, br, bt, fp64):
+    """:func:`token_small_kernel`'s launch for ``run`` (one program)."""
+    whiten = how[0] is not None
+    (g_hi, g_lo), (gl_hi, gl_lo) = split(g), split(gl)
+    ce_hi, ce_lo = split(how[0] if whiten else 0.0)
+    eps_hi, eps_lo = split(how[1] if whiten else 0.0)
+    vv = v if v is not None else src
+    kw = dict(R=src, V=vv, M=m, ADV=out0, RET=out1 if out1 is not None else out0,
+              srn=src.stride(0), srt=src.stride(1), svn=vv.stride(0), svt=vv.stride(1),
+              smn=m.stride(0), smt=m.stride(1), T=src.shape[1], N=src.shape[0],
+              g_hi=g_hi, g_lo=g_lo, gl_hi=gl_hi, gl_lo=gl_lo, ce_hi=ce_hi, ce_lo=ce_lo,
+              eps_hi=eps_hi, eps_lo=eps_lo, fill=0.0 if how[4] is None else how[4])
+    consts = dict(MODE=mode, NORM=whiten, SHIFT=bool(how[3]), FILL=how[4] is not None,
+                  UNBIASED=bool(how[2]) if whiten else False, FP64=fp64, BR=br, BT=bt)
+    grid = (1, 1)
+    compiled, args = _tl.launch(token_small_kernel, grid, kw, consts, 4 if br * bt <= 2048 else 8)
+    return [(token_small_kernel, compiled, grid, consts, args)]

@@ -5,6 +5,7 @@ a side stream; and it steps aside for a launch hook and where it is switched off
 record's parameter list is checked here on the CPU against a stand-in compiled kernel."""
 
 import inspect
+import os
 import struct
 
 import pytest
@@ -155,11 +156,16 @@ def _token_call(case, gen, gamma, lmbda):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("small_tokens", [4096, 0])  # whitening: one launch, or two
 @pytest.mark.parametrize("alloc", ["torch", "python"])
 @pytest.mark.parametrize("case", TOKEN_CASES)
-def test_c_replay_of_the_token_estimators(case, alloc, gen, monkeypatch):
+def test_c_replay_of_the_token_estimators(case, alloc, small_tokens, gen, monkeypatch):
     """A repeated token call (masked GAE, returns, whitening; padded and packed) is
     launched from C, with the full path's bits on fresh data and new coefficients."""
+    import rl_triton_core as rc
+
+    monkeypatch.setattr(rc._config, "_current",
+                        rc.current_tuning().replace(small_tokens=small_tokens))
     _needs_c_launch(alloc)
     _dispatch._PLANS.clear()
     _token_call(case, gen, 0.9, 0.8)()  # recorded
@@ -175,6 +181,70 @@ def test_c_replay_of_the_token_estimators(case, alloc, gen, monkeypatch):
     want = want if isinstance(want, tuple) else (want,)
     assert [g is None for g in got] == [w is None for w in want]
     _same(tuple(g for g in got if g is not None), tuple(w for w in want if w is not None))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["gae", "gae_three_launches", "gae_whiten", "whiten",
+                                  "gae_whiten_one_launch", "whiten_one_launch"])
+def test_c_replay_outputs_and_scratch_are_torchs(case, gen, monkeypatch):
+    """The C++ allocation's outputs (the caching allocator's block in a CUDA tensor made
+    without the dispatcher) are torch.empty_strided's in device, dtype, shape, strides,
+    storage size and resizability, with the full path's bits; the scratch blocks a call
+    takes without a tensor (a three-launch plan's workspace, the whitening's statistics)
+    go back to the allocator: after many calls the memory in use is where it was."""
+    import rl_triton_core as rc
+
+    _needs_c_launch("torch")
+    _dispatch._PLANS.clear()
+    # (6, 700): the whitening's two launches and their workspace; (6, 300): one launch
+    wide = (6, 300) if case.endswith("one_launch") else (6, 700)
+    if case.startswith("gae"):
+        shape = (3, 70_000) if case == "gae_three_launches" else wide
+        r, v = (torch.randn(shape, generator=gen).cuda() for _ in range(2))
+        m = (torch.rand(shape, generator=gen) < 0.8).cuda()
+        if case.startswith("gae_whiten"):
+            def call():
+                return rc.masked_gae(r, v, m, gamma=0.99, lmbda=0.9, whiten=True, time_dim=-1)
+        else:
+            def call():
+                with rc.tuning(look_back=False):  # (70,000 steps: a segmented plan)
+                    return rc.gae(r, v, ~m, bootstrap_value=v[:, 0], time_dim=-1)
+    else:
+        x = torch.randn(wide, generator=gen).cuda()
+        m = (torch.rand(wide, generator=gen) < 0.8).cuda()
+
+        def call():
+            return rc.masked_whiten(x, m)
+    call()  # recorded
+    assert _gpu_records()
+    want = full_path(monkeypatch, call)
+    want = want if isinstance(want, tuple) else (want,)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    replayed = []
+    spy_c_replay(monkeypatch, replayed)
+    got = call()
+    assert replayed, "the repeated call did not take the C replay"
+    got = got if isinstance(got, tuple) else (got,)
+    _same(got, want)
+    for g, w in zip(got, want):
+        assert g.device == w.device and g.storage_offset() == w.storage_offset() == 0
+        assert torch._C._dispatch_keys(g) == torch._C._dispatch_keys(w)
+        assert g.untyped_storage().nbytes() == w.untyped_storage().nbytes()
+        assert g.untyped_storage().resizable() == w.untyped_storage().resizable()
+        assert g.is_contiguous() and not g.requires_grad and g.grad_fn is None
+    g = got[0]
+    (g + 1).sum().item()  # usable as any tensor
+    del got, g
+    replayed.clear()  # (the spy's list holds what it saw: emptied after each call)
+    taken = 0
+    for _ in range(50):
+        call()
+        taken += len(replayed)
+        replayed.clear()
+    assert taken == 50
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base
 
 
 @pytest.mark.gpu
@@ -505,3 +575,19 @@ def test_c_replay_with_out(name, gen, monkeypatch):
     bad = (args[0], out[1]) if two else args[0]  # the first input as an output
     with pytest.raises(ValueError):
         fn(*args, **kw, out=bad)
+
+
+def test_scratch_bytes_are_the_storage_torch_would_allocate():
+    """A workspace the replay takes as a block has the bytes of the storage
+    torch.empty_strided gives the same spec (empty ones and unnumbered dtypes: 0, a
+    tensor)."""
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool):
+        for _ in range(20):
+            nd = int(torch.randint(1, 4, (), generator=g))
+            shape = tuple(int(x) for x in torch.randint(1, 7, (nd,), generator=g))
+            stride = tuple(int(x) for x in torch.randint(0, 40, (len(shape),), generator=g))
+            want = torch.empty_strided(shape, stride, dtype=dtype).untyped_storage().nbytes()
+            assert _claunch._scratch_bytes(shape, stride, dtype) == want, (shape, stride, dtype)
+    assert _claunch._scratch_bytes((0, 5), (5, 1), torch.float32) == 0
+    assert _claunch._scratch_bytes((4,), (1,), torch.complex64) == 0

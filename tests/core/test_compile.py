@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import rl_triton_core as rc
+from rl_triton_core.scan import _dispatch
 
 
 def _data(seed, B=3, T=40, dtype=torch.float32):
@@ -68,10 +69,14 @@ def _cuda_or_skip():
 
 
 @pytest.mark.gpu
-def test_fullgraph_compile_on_cuda_matches_eager(monkeypatch):
-    """The same step compiled by inductor on CUDA tensors (the Triton kernels)."""
+@pytest.mark.parametrize("c_launch", ["1", "0"])
+def test_fullgraph_compile_on_cuda_matches_eager(c_launch, monkeypatch):
+    """The same step compiled by inductor on CUDA tensors (the Triton kernels), with the
+    eager calls it is compared with launched from C and through Triton's launcher."""
     _cuda_or_skip()
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", c_launch)  # (read when a call is recorded:
+    _dispatch._PLANS.clear()                                 # no earlier record is kept)
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True)
     for seed in (4, 5):
@@ -84,12 +89,16 @@ def test_fullgraph_compile_on_cuda_matches_eager(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("c_launch", ["1", "0"])
 @pytest.mark.parametrize("shape", [(3, 40), (1, 70_000)])  # the second splits time
-def test_cuda_graph_capture_and_replay(shape, monkeypatch):
+def test_cuda_graph_capture_and_replay(shape, c_launch, monkeypatch):
     """Every estimator inside one captured CUDA graph: no host sync, no allocation
-    outside the caching allocator. Replays on fresh data give the eager numbers."""
+    outside the caching allocator. Replays on fresh data give the eager numbers; the
+    repeated calls launched from C and through Triton's launcher."""
     _cuda_or_skip()
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    monkeypatch.setenv("RL_TRITON_CORE_C_LAUNCH", c_launch)  # (read when a call is recorded:
+    _dispatch._PLANS.clear()                                 # no earlier record is kept)
     B, T = shape
     static = [a.cuda() for a in _data(6, B, T)] + [torch.full((B, T), 0.95).cuda()]
     # the TD(lambda) call takes a per-step gamma tensor: exercise the tensor slot too

@@ -91,12 +91,15 @@ def test_masked_gae(where, kind, dtype, skip):
         _close(ret, wret, dtype, "returns " + what)
 
 
+@pytest.mark.parametrize("small_tokens", [4096, 0])  # one launch where small; two
 @pytest.mark.parametrize("kind", ["right", "multi"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("count_eps,fill", [(1e-8, None), (0.0, 0.0)])
-def test_masked_gae_whitened(where, kind, dtype, count_eps, fill):
+def test_masked_gae_whitened(where, kind, dtype, count_eps, fill, small_tokens, monkeypatch):
     # bfloat16 data: the advantages are whitened as stored, rounded to bfloat16, against
     # the float64 reference on the same inputs (bfloat16's tolerance)
+    monkeypatch.setattr(rc._config, "_current",
+                        rc.current_tuning().replace(small_tokens=small_tokens))
     device, backend = where
     for i, (B, T) in enumerate(_shapes(backend)[1:]):
         seed = 1000 * i + 11
@@ -129,7 +132,11 @@ def test_masked_returns(where, kind, dtype, skip):
 @pytest.mark.parametrize("shift_mean", [True, False])
 @pytest.mark.parametrize("count_eps,fill,unbiased", [(1e-8, None, True), (0.0, 0.0, True),
                                                       (0.0, None, False)])
-def test_masked_whiten(where, dtype, shift_mean, count_eps, fill, unbiased):
+@pytest.mark.parametrize("small_tokens", [4096, 0])
+def test_masked_whiten(where, dtype, shift_mean, count_eps, fill, unbiased, small_tokens,
+                       monkeypatch):
+    monkeypatch.setattr(rc._config, "_current",
+                        rc.current_tuning().replace(small_tokens=small_tokens))
     device, backend = where
     for i, (B, T) in enumerate(_shapes(backend)[1:]):
         seed = 1000 * i + 17
@@ -260,6 +267,7 @@ def test_kernel_tiles(where, monkeypatch, bt, warps, k):
     from rl_triton_core.token import _token_kernel
 
     monkeypatch.setattr(_token_kernel, "config", lambda n, t: (bt, warps, k))
+    monkeypatch.setattr(rc._config, "_current", rc.current_tuning().replace(small_tokens=0))
     B, T = 7, 45
     r, v, m = _inputs(21, B, T, torch.float64, "multi", device)
     m[0, :3] = True
@@ -281,6 +289,58 @@ def test_kernel_tiles(where, monkeypatch, bt, warps, k):
     pa, _ = rc.masked_gae(r[keep], v[keep], m[keep], gamma=0.9, lmbda=0.7, cu_seqlens=cu,
                           time_dim=0)
     torch.testing.assert_close(pa, a[keep], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_one_launch_equals_two(where, case):
+    """A small batch that is whitened or filled runs in one launch (Tuning.small_tokens):
+    on fresh random inputs (dtype, mask kind, skip, whitening options, strides) it gives
+    the two-launch form's result (to rounding: the statistics are summed in another
+    order) and the float64 reference's."""
+    device, backend = where
+    if backend == "cpu":
+        pytest.skip("the Triton kernels' launches")
+    from rl_triton_core.scan import _dispatch
+    from rl_triton_core.token import _token_kernel
+
+    _dispatch._PLANS.clear()  # (a recorded call would not run the kernels' host side)
+    seed = int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda xs: xs[int(torch.randint(len(xs), (), generator=g))]  # noqa: E731
+    dtypes = [torch.float32, torch.float64] + ([torch.bfloat16] if device == "cuda" else [])
+    dtype = pick(dtypes)
+    B, T = int(torch.randint(1, 9, (), generator=g)), int(torch.randint(4, 60, (), generator=g))
+    r, v, m = _inputs(seed % 1000, B, T, dtype, pick(["right", "left", "multi"]), device)
+    m[0, :4] = True  # at least two valid tokens, also in every second column
+    opts = dict(count_eps=pick([0.0, 1e-8]), fill=pick([None, 0.0, -1.5]),
+                unbiased=pick([True, False]))
+    if case % 2:
+        x, mm = (r * 3 + 5)[:, ::2], m[:, ::2]  # strided, nonzero mean
+        calls = [lambda: rc.masked_whiten(x, mm, shift_mean=bool(case % 3), **opts),
+                 lambda: ref.masked_whiten(x, mm, shift_mean=bool(case % 3), **opts)]
+    else:
+        skip, whiten = pick([True, False]), pick([True, True, False])
+        calls = [lambda f=f: f.masked_gae(r, v, m, gamma=0.97, lmbda=0.9, skip=skip,
+                                          whiten=whiten, time_dim=-1, **opts)
+                 for f in (rc, ref)]
+        if not whiten and opts["fill"] is None:
+            opts["fill"] = 2.0
+    what = f"seed={seed} case={case} B={B} T={T} {dtype} {opts}"
+    ran = []
+    real = _token_kernel._run_small
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_token_kernel, "_run_small", lambda *a: ran.append(1) or real(*a))
+        one = calls[0]()
+        assert ran, "the one-launch kernel did not run " + what
+        with rc.tuning(small_tokens=0):
+            two = calls[0]()
+        assert len(ran) == 1, "the one-launch kernel ran with small_tokens=0 " + what
+    want = calls[1]()
+    one, two, want = ((t,) if isinstance(t, torch.Tensor) else t for t in (one, two, want))
+    for a, b, w in zip(one, two, want):
+        _close(a, w, dtype, "one launch " + what)
+        _close(b, w, dtype, "two launches " + what)
+        _close(a, b, dtype, "one against two " + what)
 
 
 @pytest.mark.parametrize("skip", [True, False])
@@ -315,6 +375,7 @@ def test_whitening_shift(where, monkeypatch, skip):
     from rl_triton_core.token import _token_kernel
 
     monkeypatch.setattr(_token_kernel, "config", lambda n, t: (16, 1, 1))
+    monkeypatch.setattr(rc._config, "_current", rc.current_tuning().replace(small_tokens=0))
     g = torch.Generator().manual_seed(5)
     B, T = 3, 1024
     r = torch.randn(B, T, generator=g)
@@ -356,12 +417,16 @@ def test_bitwise_repeatable_cuda(shape):
     _close(first[0], wa, torch.float32, "whitened advantages")
 
 
+@pytest.mark.parametrize("small_tokens", [4096, 0])  # one launch; the scan and the pass
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_whitened_half_advantages_round_once(where, dtype):
+def test_whitened_half_advantages_round_once(where, dtype, small_tokens, monkeypatch):
     """Whitened half-precision GAE rounds once: every output is within half an ulp (of its
     dtype) of the float64 result of the same inputs, where a second rounding (the
     advantages rounded to the output dtype, read back and whitened) can land a whole ulp
-    off. Fresh random inputs each seed."""
+    off. Fresh random inputs each seed; in one launch and in two (the scan's float32
+    advantages workspace)."""
+    monkeypatch.setattr(rc._config, "_current",
+                        rc.current_tuning().replace(small_tokens=small_tokens))
     device, backend = where
     if backend == "triton" and device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("Triton's interpreter rounds float32 to bfloat16 toward zero (CUDA: to "

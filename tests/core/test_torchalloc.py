@@ -163,15 +163,15 @@ def test_the_replay_checks_tensors_through_it(fresh, monkeypatch):
         assert torch.equal(a, b)
 
 
-def _random_views(g, n):
-    """n CPU tensors of random dtype, shape, strides, offset and flags."""
+def _random_views(g, n, device="cpu"):
+    """n tensors on ``device`` of random dtype, shape, strides, offset and flags."""
     out = []
     for i in range(n):
         dtype = list(_torchalloc.SCALAR)[int(torch.randint(len(_torchalloc.SCALAR), (),
                                                            generator=g))]
         nd = int(torch.randint(0, 5, (), generator=g))
         shape = [int(torch.randint(0, 6, (), generator=g)) for _ in range(nd)]
-        base = torch.randn([2 * s + 1 for s in shape] or [3], generator=g).to(dtype)
+        base = torch.randn([2 * s + 1 for s in shape] or [3], generator=g).to(device, dtype)
         t = base[tuple(slice(1, None, 2) for _ in shape)] if nd else base[1]
         if nd >= 2 and i % 3 == 0:
             t = t.transpose(0, nd - 1)
@@ -181,6 +181,18 @@ def _random_views(g, n):
     return out
 
 
+def _views_are_dlpacks(device):
+    seed = int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator().manual_seed(seed)
+    views = _cpu_c._cscan.views
+    for t in _random_views(g, 60, device) + _torchalloc._view_samples(device):
+        ext, dl = views(t, True), views(t, False)
+        assert ext is not None and dl is not None, (t.shape, t.dtype, seed)
+        assert ext[:-1] == dl[:-1], (t.shape, t.stride(), t.dtype, seed)
+        assert ext[-1] == int(not t.requires_grad and not t.is_neg()) and dl[-1] == -1
+    assert _torchalloc._views_agree(device)
+
+
 def test_the_replays_reading_of_a_tensor_is_dlpacks(fresh):
     """The extension's view of a CPU tensor (the replay's key and addresses) is DLPack's
     field for field, on random dtypes, shapes, strides and offsets; it says a tensor is
@@ -188,15 +200,12 @@ def test_the_replays_reading_of_a_tensor_is_dlpacks(fresh):
     differ, use() leaves the replay on DLPack."""
     _needs_compiler()
     assert _torchalloc.ensure(wait=True), _torchalloc.state
-    seed = int.from_bytes(os.urandom(4), "little")
-    g = torch.Generator().manual_seed(seed)
+    _views_are_dlpacks(torch.device("cpu"))
+    # CUDA tensors are read through it only once cuda_views() has checked them
+    assert _torchalloc._cuda_views is None
+    if not torch.cuda.is_initialized():
+        assert not _torchalloc.cuda_views() and _torchalloc._cuda_views is None
     views = _cpu_c._cscan.views
-    for t in _random_views(g, 60) + _torchalloc._view_samples():
-        ext, dl = views(t, True), views(t, False)
-        assert ext is not None and dl is not None, (t.shape, t.dtype, seed)
-        assert ext[:-1] == dl[:-1], (t.shape, t.stride(), t.dtype, seed)
-        assert ext[-1] == int(not t.requires_grad and not t.is_neg()) and dl[-1] == -1
-    assert _torchalloc._views_agree()
     import warnings
 
     with warnings.catch_warnings():  # (the strided nested layout is a prototype)
@@ -208,6 +217,22 @@ def test_the_replays_reading_of_a_tensor_is_dlpacks(fresh):
     _torchalloc.use(False)
     assert views(torch.ones(2), True) is None  # off: DLPack only
     _torchalloc.use(True)
+
+
+@pytest.mark.gpu
+def test_the_replays_reading_of_a_cuda_tensor_is_dlpacks(fresh):
+    """As above for CUDA tensors (device and index included), which the replay then
+    reads through the extension: cuda_views() turns it on, use() off until checked."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _needs_compiler()
+    assert _torchalloc.ensure(wait=True), _torchalloc.state
+    dev = torch.device("cuda", torch.cuda.current_device())
+    torch.empty(1, device=dev)  # (CUDA initialised)
+    _views_are_dlpacks(dev)
+    assert _torchalloc.cuda_views() and _cpu_c._cscan.gpu_views(True)
+    _torchalloc.use(True)
+    assert _torchalloc._cuda_views is None and not _cpu_c._cscan.gpu_views(False)
 
 
 def test_replay_outputs_made_over_blocks_are_torchs_tensors(fresh):
