@@ -42,6 +42,10 @@ class Tuning:
             two >= 2).
         middle_elems: the middle pass's tile (streams x maps per step).
         tm_steps: steps per thread and chunk of the time-major (thread-per-stream) tiles.
+        tm_warps: warps along time in a time-major (thread-per-stream) program of 32
+            streams: its chunk is ``tm_warps x tm_steps`` steps, each warp scanning
+            ``tm_steps`` of them in registers (a power of two, 1-32; 1: a warp per
+            program, the whole chunk in each thread; None: the plan's choice).
         prefetch: CUDA: ask L2 for the inputs of the chunk this many ahead at the top of
             each chunk of the loop over chunks (0: off; sweeps: measured mixed on the
             H100, docs/notes.md).
@@ -83,6 +87,7 @@ class Tuning:
     look_window: int = 16
     middle_elems: int = 2048
     tm_steps: int = 16
+    tm_warps: int | None = None
     prefetch: int = 0
     flip: bool = os.environ.get("RL_TRITON_CORE_FLIP", "1") == "1"
     even: bool = os.environ.get("RL_TRITON_CORE_EVEN", "1") == "1"
@@ -102,6 +107,10 @@ class Tuning:
         st = self.small_tokens
         if isinstance(st, bool) or not isinstance(st, int) or st < 0:
             raise ValueError(f"small_tokens must be a whole number of tokens >= 0, got {st!r}")
+        tw = self.tm_warps
+        if tw is not None and (isinstance(tw, bool) or not isinstance(tw, int) or not 1 <= tw <= 32
+                               or tw & (tw - 1)):
+            raise ValueError(f"tm_warps must be None or a power of two in 1..32, got {tw!r}")
         w = self.look_window
         if isinstance(w, bool) or not isinstance(w, int) or w < 2 or w & (w - 1):
             raise ValueError(f"look_window must be a power of two >= 2, got {w!r}")
