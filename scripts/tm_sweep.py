@@ -1,0 +1,125 @@
+"""Time-major tile sweep: device time of each estimator under named tuning variants,
+against the same-bytes floor, on CUDA (CUDA-graph replay of 10 calls, median of 5).
+
+    python scripts/tm_sweep.py 16384x512,4096x128 gae,vtrace t4,t8,t16
+
+Shapes are N streams x T steps, data ``[T, N]`` float32 (``time_dim=0``) with 2% done
+flags and a bootstrap value. Each line: the variant's device time and its ratio to the
+plan's (``default``); ``FLOOR`` is the benchmark's elementwise kernel reading and writing
+the same bytes (``rl_triton_core.bench.peers.make_floor``). A variant whose outputs differ
+from the plan's beyond 1e-4 is marked WRONG (rounding differences: BITS DIFFER).
+"""
+
+import sys
+
+import torch
+
+import rl_triton_core as rc
+from rl_triton_core.bench.peers import make_floor
+
+VARIANTS = {
+    "default": {},
+    # warps along time in a program of 32 streams (Tuning.tm_warps)
+    "t2": dict(tm_warps=2), "t4": dict(tm_warps=4), "t8": dict(tm_warps=8),
+    "t16": dict(tm_warps=16), "t8s32": dict(tm_warps=8, tm_steps=32),
+    # time segments: the look-back with one chunk a program, or three launches
+    "lb16": dict(look_back=True, segment_len=16),
+    "lb32": dict(look_back=True, segment_len=32, tm_steps=32),
+    "3l32": dict(look_back=False, programs_per_sm=32),
+    "t8lb": dict(tm_warps=8, look_back=True), "t8_3l": dict(tm_warps=8, look_back=False),
+    "pf1": dict(prefetch=1),
+}
+
+
+def gtime(fn, K=10, reps=5):
+    """Median microseconds per call of ``fn`` replayed from a CUDA graph of K calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(K):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / K)
+    del g
+    return sorted(ts)[len(ts) // 2]
+
+
+def _inputs(N, T):
+    def rand():
+        return torch.randn(T, N, device="cuda")
+    r, v, x, lr = rand(), rand(), rand(), 0.5 * rand()
+    return r, v, x, lr, torch.rand(T, N, device="cuda") < 0.02, torch.randn(N, device="cuda")
+
+
+def sweep(N, T, ests, names):
+    r, v, x, lr, d, boot = _inputs(N, T)
+    calls = {
+        "gae_advantages": lambda: rc.gae_advantages(r, v, d, bootstrap_value=boot, time_dim=0),
+        "gae": lambda: rc.gae(r, v, d, bootstrap_value=boot, time_dim=0),
+        "lambda_returns": lambda: rc.lambda_returns(r, v, d, bootstrap_value=boot, time_dim=0),
+        "vtrace": lambda: rc.vtrace(lr, r, v, d, bootstrap_value=boot, time_dim=0),
+        "eligibility_traces": lambda: rc.eligibility_traces(x, d, time_dim=0),
+    }
+    floors = {"gae_advantages": ([r, v, d], [boot], 1), "gae": ([r, v, d], [boot], 2),
+              "lambda_returns": ([r, v, d], [boot], 1), "vtrace": ([lr, r, v, d], [boot], 2),
+              "eligibility_traces": ([x, d], [], 1)}
+    for e in ests:
+        narrow, per_stream, n_out = floors[e]
+        floor = gtime(make_floor(narrow, [], per_stream, n_out, (T, N), torch.float32))
+        print(f"{e} {N}x{T} FLOOR: {floor:.1f} us", flush=True)
+        base = t0 = None
+        for name in names:
+            f = _tuned(calls[e], VARIANTS[name])
+            try:
+                out = f()
+                torch.cuda.synchronize()
+                o = out[0] if isinstance(out, tuple) else out
+                if base is None:
+                    base = o.clone()
+                mark = ""
+                if not torch.equal(o, base):
+                    close = torch.allclose(o, base, rtol=1e-4, atol=1e-4)
+                    mark = " BITS DIFFER" if close else " WRONG"
+                t = gtime(f)
+                t0 = t0 or t
+                print(f"{e} {N}x{T} {name}: {t:.1f} us ({t / t0:.2f} of the plan, "
+                      f"{t / floor:.2f}x floor){mark}", flush=True)
+            except Exception as ex:  # a variant that cannot compile or run: say so, go on
+                print(f"{e} {N}x{T} {name}: FAILED {type(ex).__name__}: {str(ex)[:200]}",
+                      flush=True)
+
+
+def _tuned(fn, knobs):
+    def call():
+        with rc.tuning(**knobs):
+            return fn()
+    return call
+
+
+def main(argv):
+    shapes = [tuple(map(int, s.split("x"))) for s in argv[0].split(",")]
+    ests = argv[1].split(",")
+    asked = argv[2].split(",") if len(argv) > 2 else []
+    names = ["default"] + [v for v in asked if v != "default"]
+    torch.manual_seed(0)
+    for N, T in shapes:
+        sweep(N, T, ests, names)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
