@@ -46,6 +46,9 @@ class Tuning:
             streams: its chunk is ``tm_warps x tm_steps`` steps, each warp scanning
             ``tm_steps`` of them in registers (a power of two, 1-32; 1: a warp per
             program, the whole chunk in each thread; None: the plan's choice).
+        max_registers: CUDA: registers per thread of the scan kernel's launches at most
+            (ptxas' ``maxnreg``; 16-255): more programs resident per SM, at the cost of
+            spills where the kernel needs more (sweeps); None: the compiler's choice.
         prefetch: CUDA: ask L2 for the inputs of the chunk this many ahead at the top of
             each chunk of the loop over chunks (0: off; sweeps: measured mixed on the
             H100, docs/notes.md).
@@ -88,6 +91,7 @@ class Tuning:
     middle_elems: int = 2048
     tm_steps: int = 16
     tm_warps: int | None = None
+    max_registers: int | None = None
     prefetch: int = 0
     flip: bool = os.environ.get("RL_TRITON_CORE_FLIP", "1") == "1"
     even: bool = os.environ.get("RL_TRITON_CORE_EVEN", "1") == "1"
@@ -111,6 +115,11 @@ class Tuning:
         if tw is not None and (isinstance(tw, bool) or not isinstance(tw, int) or not 1 <= tw <= 32
                                or tw & (tw - 1)):
             raise ValueError(f"tm_warps must be None or a power of two in 1..32, got {tw!r}")
+        mr = self.max_registers
+        if mr is not None and (isinstance(mr, bool) or not isinstance(mr, int)
+                               or not 16 <= mr <= 255):
+            raise ValueError(f"max_registers must be None or a whole number in 16..255, "
+                             f"got {mr!r}")
         w = self.look_window
         if isinstance(w, bool) or not isinstance(w, int) or w < 2 or w & (w - 1):
             raise ValueError(f"look_window must be a power of two >= 2, got {w!r}")

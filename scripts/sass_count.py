@@ -31,7 +31,8 @@ from rl_triton_core.scan import _launch
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 VARIANTS = {"default": {}, "t2": dict(tm_warps=2), "t4": dict(tm_warps=4),
             "t8": dict(tm_warps=8), "t16": dict(tm_warps=16),
-            "t8s32": dict(tm_warps=8, tm_steps=32),
+            "t8s32": dict(tm_warps=8, tm_steps=32), "t8r96": dict(tm_warps=8, max_registers=96),
+            "t8r128": dict(tm_warps=8, max_registers=128),
             "lb32": dict(look_back=True, segment_len=32, tm_steps=32)}
 
 
@@ -63,6 +64,9 @@ def _capture():
     real = JITFunction.run
 
     def run(self, *args, grid, warmup, **kw):
+        limit = rc.current_tuning().max_registers  # (the launch passes it on CUDA only)
+        if limit is not None:
+            kw["maxnreg"] = limit
         kernel = real(self, *args, grid=grid, warmup=True, **kw)
         raise _Compiled(kernel, grid, kw)
 

@@ -22,6 +22,9 @@ VARIANTS = {
     # warps along time in a program of 32 streams (Tuning.tm_warps)
     "t2": dict(tm_warps=2), "t4": dict(tm_warps=4), "t8": dict(tm_warps=8),
     "t16": dict(tm_warps=16), "t8s32": dict(tm_warps=8, tm_steps=32),
+    # the same at most this many registers a thread (more programs per SM)
+    "t4r128": dict(tm_warps=4, max_registers=128), "t8r96": dict(tm_warps=8, max_registers=96),
+    "t8r128": dict(tm_warps=8, max_registers=128), "t16r96": dict(tm_warps=16, max_registers=96),
     # time segments: the look-back with one chunk a program, or three launches
     "lb16": dict(look_back=True, segment_len=16),
     "lb32": dict(look_back=True, segment_len=32, tm_steps=32),

@@ -279,6 +279,9 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         args[WS_POS] = alloc(ws_spec[0], device=device, dtype=wdt)
     args += [N, N2, T, seg, S, 1]
     launched = []
+    opts = {"num_warps": num_warps}
+    if tune.max_registers is not None and device.type == "cuda" and not torch.version.hip:
+        opts["maxnreg"] = tune.max_registers
     for phase in phases:
         c = {**consts, "PHASE": phase}
         if phase in (0, 1, 2) and scalar_n and not c["ONE"] and sub == 1:
@@ -299,7 +302,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         if phase == 3:  # the middle pass: one program per stream block, BLOCK_S maps a step
             pgrid = (grid[0], 1)
             c["BLOCK_S"] = max(2, min(triton.next_power_of_2(S), tune.middle_elems // block_n))
-        kernel = scan_kernel[pgrid](*args, **c, num_warps=num_warps)
+        kernel = scan_kernel[pgrid](*args, **c, **opts)
         launched.append((kernel, pgrid, c))
     return args, passed, ws_spec, launched
 

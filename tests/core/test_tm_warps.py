@@ -11,10 +11,10 @@ import os
 import pytest
 import test_autograd as ta  # a sibling module (rootdir-relative import, as core_testlib)
 import torch
-from core_testlib import spy_launch_consts
 
 import rl_triton_core as rc
 import rl_triton_core.reference as ref
+from rl_triton_core.scan import _launch
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICES = ["cpu"] if INTERP else []
@@ -25,6 +25,8 @@ pytestmark = pytest.mark.skipif(not DEVICES, reason="the Triton kernel: the inte
 # (name, knobs, phases): tm_steps 8 keeps the interpreter's tiles small
 PLANS = [
     ("one pass", dict(tm_warps=4, tm_steps=8, programs_per_sm=0), [0]),
+    # (CUDA: at most 64 registers a thread, spilling)
+    ("one pass, 64 registers", dict(tm_warps=4, programs_per_sm=0, max_registers=64), [0]),
     ("three launches", dict(tm_warps=2, tm_steps=8, segment_len=16, look_back=False), [1, 3, 2]),
     ("look-back", dict(tm_warps=4, tm_steps=8, segment_len=32, look_back=True,
                        look_window=2), [4]),
@@ -50,7 +52,16 @@ def test_tm_warps_forward_and_backward_fp64(case, plan, shape, device, backend, 
     _, knobs, phases = plan
     for k, v in knobs.items():
         tuned(**{k: v})
-    seen = spy_launch_consts(monkeypatch)
+    kernels, seen = [], []
+    real = _launch.launch
+
+    def spy(*a, **k):
+        res = real(*a, **k)
+        kernels.extend(kernel for kernel, _, _ in res[3])
+        seen.extend(c for _, _, c in res[3])
+        return res
+
+    monkeypatch.setattr(_launch, "launch", spy)
     fn, wrt = ta.CASES[case]
     wrt = wrt.split()
     inputs = {k: (v.to(device) if torch.is_tensor(v) else v)
@@ -77,6 +88,9 @@ def test_tm_warps_forward_and_backward_fp64(case, plan, shape, device, backend, 
     if phases == [4]:
         even = [c["EVEN"] for c in scans]
         assert all(even) if shape == (64, 64) else not any(even), seen
+    if device != "cpu" and "max_registers" in knobs:  # ptxas kept to the limit
+        assert all(k.n_regs <= knobs["max_registers"] for k in kernels), [
+            k.n_regs for k in kernels]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -104,8 +118,12 @@ def test_tm_warps_low_precision(plan, dtype, device, backend, tuned):
     torch.testing.assert_close(ret.cpu().double(), wr, rtol=tol, atol=tol)
 
 
-def test_tm_warps_is_checked():
+def test_tm_warps_and_max_registers_are_checked():
     for bad in (0, 3, 64, True, 2.0):
         with pytest.raises(ValueError, match="tm_warps"):
             rc.Tuning(tm_warps=bad)
     assert rc.Tuning(tm_warps=None).tm_warps is None and rc.Tuning(tm_warps=8).tm_warps == 8
+    for bad in (0, 15, 256, True, 96.0):
+        with pytest.raises(ValueError, match="max_registers"):
+            rc.Tuning(max_registers=bad)
+    assert rc.Tuning(max_registers=96).max_registers == 96
