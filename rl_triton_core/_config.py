@@ -33,7 +33,9 @@ class Tuning:
             on the Triton path, whatever the shape (tests use it to reach the segmented
             scan on small shapes); None: the plan decides.
         tile: ``(BLOCK_N, BLOCK_T, num_warps[, SCALAR_N[, STAGES[, PROGRAMS_PER_SM]]])``
-            instead of the plan's tile (sweeps); None: the plan's.
+            instead of the plan's tile (sweeps); None: the plan's. A time-major tile of 32
+            streams (SCALAR_N) with several warps splits each chunk's steps among them, as
+            ``tm_warps`` does.
         programs_per_sm: time is split into segments until there are about this many
             programs per multiprocessor.
         look_back: segmented plans as one launch with a look-back over the segments'
@@ -41,7 +43,8 @@ class Tuning:
         look_window: segments per block of the look-back, read at a time (a power of
             two >= 2).
         middle_elems: the middle pass's tile (streams x maps per step).
-        tm_steps: steps per thread and chunk of the time-major (thread-per-stream) tiles.
+        tm_steps: steps per thread and chunk of the time-major (thread-per-stream) tiles
+            (at least 16).
         tm_warps: warps along time in a time-major (thread-per-stream) program of 32
             streams: its chunk is ``tm_warps x tm_steps`` steps, each warp scanning
             ``tm_steps`` of them in registers (a power of two, 1-32; 1: a warp per

@@ -649,14 +649,14 @@ def scan_kernel(
 
         carry_seg = carry
         # V'_{T-1} of the shifted form: one value per stream, read once
-        boot = zero[:, None]
+        boot = zero
         if BOOT is not None:
             boot = tl.load(BOOT + _offset_notime(K_BOOT, STR, n1, n2, N2, UNIFORM), mask=nmask,
                            other=0).to(zero.dtype)
-            if SUB > 1:
-                boot = boot[:, None, None]
-            else:
-                boot = boot[:, None]
+        if SUB > 1:  # (the tile's shape, with or without a bootstrap value)
+            boot = boot[:, None, None]
+        else:
+            boot = boot[:, None]
         so1, so2, sot = STR[0], STR[1], STR[2]  # the outputs' (slot 0 in either form)
         if ONE:
             n_chunks = 1

@@ -22,36 +22,49 @@ if torch.cuda.is_available():
     DEVICES.append(pytest.param("cuda", marks=pytest.mark.gpu))
 pytestmark = pytest.mark.skipif(not DEVICES, reason="the Triton kernel: the interpreter or a GPU")
 
-# (name, knobs, phases): tm_steps 8 keeps the interpreter's tiles small
+# (name, knobs, phases); 16 steps a warp (tm_steps' least) unless a segment is shorter
 PLANS = [
-    ("one pass", dict(tm_warps=4, tm_steps=8, programs_per_sm=0), [0]),
+    # 64 steps a chunk: 75 steps take two chunks (the carry between them), 64 one (ONE)
+    ("one pass", dict(tm_warps=4, programs_per_sm=0), [0]),
     # (CUDA: at most 64 registers a thread, spilling)
     ("one pass, 64 registers", dict(tm_warps=4, programs_per_sm=0, max_registers=64), [0]),
-    ("three launches", dict(tm_warps=2, tm_steps=8, segment_len=16, look_back=False), [1, 3, 2]),
-    ("look-back", dict(tm_warps=4, tm_steps=8, segment_len=32, look_back=True,
-                       look_window=2), [4]),
+    # 16-step segments of one 16-step chunk: 8 steps a warp
+    ("three launches", dict(tm_warps=2, segment_len=16, look_back=False), [1, 3, 2]),
+    # 64-step segments of two 32-step chunks: the carry between chunks in PHASE 1 and 2
+    # (64 steps are one segment: one pass)
+    ("three launches, two chunks a segment", dict(tm_warps=2, segment_len=64,
+                                                  look_back=False),
+     {(75, 40): [1, 3, 2], (64, 64): [0]}),
+    # 32-step segments, one chunk each (8 steps a warp), in blocks of 2 segments
+    ("look-back", dict(tm_warps=4, segment_len=32, look_back=True, look_window=2), [4]),
 ]
 # [T, N] time-major: 40 streams (a partial second block) over 75 steps (a partial last
 # chunk), and 64 x 64 (every block full, T whole chunks: the look-back's EVEN tile)
 SHAPES = [(75, 40), (64, 64)]
 
 
-@pytest.fixture
-def backend(monkeypatch, tuned):
-    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    tuned(cached_launch=False)
+# the estimators whose last step's next value is 0 (no bootstrap value, no next values):
+# the kernel's default bootstrap tile
+NO_BOOT = {
+    "gae_no_boot": (lambda m, d, td: m.gae(
+        d["r"], d["v"], d["te"], d["tr"], gamma=0.9, lmbda=0.8, time_dim=td), "r v"),
+    "lambda_no_boot": (lambda m, d, td: m.lambda_returns(
+        d["r"], d["v"], d["te"], d["tr"], gamma=0.9, lmbda=0.6, time_dim=td), "r v"),
+    "discounted_no_boot": (lambda m, d, td: m.discounted_returns(
+        d["r"], d["te"], d["tr"], gamma=0.9, time_dim=td), "r"),
+    "vtrace_no_boot": (lambda m, d, td: m.vtrace(
+        d["lr"], d["r"], d["v"], d["te"], d["tr"], gamma=0.9, time_dim=td), "r v"),
+}
+CASES = {**ta.CASES, **NO_BOOT}
+# every case in one pass and the look-back; a mode or two of each kind in the others
+SOME = ["gae_shifted", "gae_no_boot", "lambda_next_values", "vtrace_shifted",
+        "vtrace_no_boot", "linrec_forward", "traces", "cumsum"]
+PAIRS = [(case, plan) for plan in PLANS for case in CASES
+         if plan[0] in ("one pass", "look-back") or case in SOME]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p[0])
-@pytest.mark.parametrize("case", ["gae_shifted", "lambda_shifted", "vtrace_shifted",
-                                  "linrec_reverse", "linrec_forward", "traces", "cumsum"])
-def test_tm_warps_forward_and_backward_fp64(case, plan, shape, device, backend, tuned,
-                                            monkeypatch):
-    _, knobs, phases = plan
-    for k, v in knobs.items():
-        tuned(**{k: v})
+def _spy(monkeypatch):
+    """(kernels, consts): what every ``_launch.launch`` call starts, from now on."""
     kernels, seen = [], []
     real = _launch.launch
 
@@ -62,7 +75,27 @@ def test_tm_warps_forward_and_backward_fp64(case, plan, shape, device, backend, 
         return res
 
     monkeypatch.setattr(_launch, "launch", spy)
-    fn, wrt = ta.CASES[case]
+    return kernels, seen
+
+
+@pytest.fixture
+def backend(monkeypatch, tuned):
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    tuned(cached_launch=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize(("case", "plan"), PAIRS,
+                         ids=[f"{c}-{p[0]}" for c, p in PAIRS])
+def test_tm_warps_forward_and_backward_fp64(case, plan, shape, device, backend, tuned,
+                                            monkeypatch):
+    _, knobs, phases = plan
+    phases = phases[shape] if isinstance(phases, dict) else phases
+    for k, v in knobs.items():
+        tuned(**{k: v})
+    kernels, seen = _spy(monkeypatch)
+    fn, wrt = CASES[case]
     wrt = wrt.split()
     inputs = {k: (v.to(device) if torch.is_tensor(v) else v)
               for k, v in ta._inputs(4321, shape, 0, "cpu").items()}
@@ -96,12 +129,13 @@ def test_tm_warps_forward_and_backward_fp64(case, plan, shape, device, backend, 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p[0])
-def test_tm_warps_low_precision(plan, dtype, device, backend, tuned):
+def test_tm_warps_low_precision(plan, dtype, device, backend, tuned, gen, monkeypatch):
     """Random flags (both kinds) and non-uniform strides (a time-major view of a wider
     tensor), NaN-poisoned outputs, against the float64 reference."""
     for k, v in plan[1].items():
         tuned(**{k: v})
-    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    _, seen = _spy(monkeypatch)
+    g = gen
     T, N = 70, 45
     r, v = (torch.randn(T, N + 3, generator=g)[:, :N] for _ in range(2))
     te, tr = (torch.rand(T, N, generator=g) < p for p in (0.05, 0.03))
@@ -116,6 +150,32 @@ def test_tm_warps_low_precision(plan, dtype, device, backend, tuned):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(adv.cpu().double(), wa, rtol=tol, atol=tol)
     torch.testing.assert_close(ret.cpu().double(), wr, rtol=tol, atol=tol)
+    assert seen and all(c["SUB"] == plan[1]["tm_warps"] for c in seen if "SUB" in c), seen
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p[0])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # (numpy's)
+def test_tm_warps_non_finite(plan, device, backend, tuned, gen):
+    """NaN and infinite rewards and values (and a NaN bootstrap value) go where the float64
+    reference puts them: a done flag stops them, the steps before it in the episode take
+    them, in every plan."""
+    for k, v in plan[1].items():
+        tuned(**{k: v})
+    T, N = 75, 40
+    r, v = torch.randn(T, N, generator=gen).double(), torch.randn(T, N, generator=gen).double()
+    for x in (r, v):
+        spots = torch.rand(T, N, generator=gen) < 0.01
+        x[spots] = torch.tensor([float("nan"), float("inf"), -float("inf")]).double()[
+            torch.randint(0, 3, (int(spots.sum()),), generator=gen)]
+    te, tr = (torch.rand(T, N, generator=gen) < p for p in (0.08, 0.04))
+    b = torch.randn(N, generator=gen).double()
+    b[3] = float("nan")
+    got = rc.gae(r.to(device), v.to(device), te.to(device), tr.to(device),
+                 bootstrap_value=b.to(device), gamma=0.95, lmbda=0.9, time_dim=0)
+    want = ref.gae(r, v, te, tr, bootstrap_value=b, gamma=0.95, lmbda=0.9, time_dim=0)
+    for o, w in zip(got, want):
+        torch.testing.assert_close(o.cpu(), w, rtol=1e-9, atol=1e-9, equal_nan=True)
 
 
 def test_tm_warps_and_max_registers_are_checked():
