@@ -108,24 +108,19 @@ class Tuning:
         os.environ.get("RL_TRITON_CORE_FUSED_ACTIONS", ""))
 
     def __post_init__(self):
-        p = self.prefetch
-        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-            raise ValueError(f"prefetch must be a whole number of chunks >= 0, got {p!r}")
-        st = self.small_tokens
-        if isinstance(st, bool) or not isinstance(st, int) or st < 0:
-            raise ValueError(f"small_tokens must be a whole number of tokens >= 0, got {st!r}")
-        tw = self.tm_warps
-        if tw is not None and (isinstance(tw, bool) or not isinstance(tw, int) or not 1 <= tw <= 32
-                               or tw & (tw - 1)):
-            raise ValueError(f"tm_warps must be None or a power of two in 1..32, got {tw!r}")
-        mr = self.max_registers
-        if mr is not None and (isinstance(mr, bool) or not isinstance(mr, int)
-                               or not 16 <= mr <= 255):
-            raise ValueError(f"max_registers must be None or a whole number in 16..255, "
-                             f"got {mr!r}")
-        w = self.look_window
-        if isinstance(w, bool) or not isinstance(w, int) or w < 2 or w & (w - 1):
-            raise ValueError(f"look_window must be a power of two >= 2, got {w!r}")
+        # (name, lowest, highest, power of two, None allowed, what the message says)
+        for name, lo, hi, pow2, none_ok, what in (
+                ("prefetch", 0, None, False, False, "a whole number of chunks >= 0"),
+                ("small_tokens", 0, None, False, False, "a whole number of tokens >= 0"),
+                ("tm_warps", 1, 32, True, True, "None or a power of two in 1..32"),
+                ("max_registers", 16, 255, False, True, "None or a whole number in 16..255"),
+                ("look_window", 2, None, True, False, "a power of two >= 2")):
+            v = getattr(self, name)
+            if v is None and none_ok:
+                continue
+            if (isinstance(v, bool) or not isinstance(v, int) or v < lo
+                    or (hi is not None and v > hi) or (pow2 and v & (v - 1))):
+                raise ValueError(f"{name} must be {what}, got {v!r}")
         # hashed once: the tuning is part of every cached launch's key
         fields = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
         object.__setattr__(self, "_hash", hash(fields))

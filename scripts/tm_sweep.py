@@ -1,5 +1,5 @@
 """Time-major tile sweep: device time of each estimator under named tuning variants,
-against the same-bytes floor, on CUDA (CUDA-graph replay of 10 calls, median of 5).
+against the same-bytes floor, on CUDA (the benchmark's CUDA-graph replay timer).
 
     python scripts/tm_sweep.py 16384x512,4096x128 gae,vtrace t4,t8,t16
 
@@ -15,6 +15,7 @@ import sys
 import torch
 
 import rl_triton_core as rc
+from rl_triton_core.bench.harness import Timer
 from rl_triton_core.bench.peers import make_floor
 
 VARIANTS = {
@@ -34,31 +35,14 @@ VARIANTS = {
 }
 
 
-def gtime(fn, K=10, reps=5):
-    """Median microseconds per call of ``fn`` replayed from a CUDA graph of K calls."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(K):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / K)
-    del g
-    return sorted(ts)[len(ts) // 2]
+_TIMER = Timer("cuda", target_ms=20.0)
+
+
+def gtime(fn):
+    """Device microseconds per call of ``fn``: the benchmark's CUDA-graph replay."""
+    for _ in range(3):
+        fn()
+    return _TIMER._graph(fn, _TIMER._b2b(fn, 20))
 
 
 def _inputs(N, T):
