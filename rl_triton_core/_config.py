@@ -42,6 +42,11 @@ class Tuning:
             maps (True), as three launches (False), or where measured to pay (None).
         look_window: segments per block of the look-back, read at a time (a power of
             two >= 2).
+        single_pass: segmented plans of several chunks a segment (where the look-back's
+            one chunk a program would not fit the GPU at once) as one launch: each
+            program reads its segment twice around a look-back over the segments' maps
+            (True, ``RL_TRITON_CORE_SINGLE_PASS=1``), instead of three launches
+            (False, the default).
         middle_elems: the middle pass's tile (streams x maps per step).
         tm_steps: steps per thread and chunk of the time-major (thread-per-stream) tiles
             (at least 16).
@@ -91,6 +96,7 @@ class Tuning:
     look_back: bool | None = {"1": True, "0": False}.get(
         os.environ.get("RL_TRITON_CORE_LOOKBACK", ""))
     look_window: int = 16
+    single_pass: bool = os.environ.get("RL_TRITON_CORE_SINGLE_PASS", "0") == "1"
     middle_elems: int = 2048
     tm_steps: int = 16
     tm_warps: int | None = None

@@ -4,7 +4,8 @@ against the same-bytes floor, on CUDA (the benchmark's CUDA-graph replay timer).
     python scripts/tm_sweep.py 16384x512,4096x128 gae,vtrace t4,t8,t16
 
 Shapes are N streams x T steps, data ``[T, N]`` float32 (``time_dim=0``) with 2% done
-flags and a bootstrap value. Each line: the variant's device time and its ratio to the
+flags and a bootstrap value; a shape ending in ``b`` (``16x131072b``) is batch-major,
+``[N, T]`` (``time_dim=-1``). Each line: the variant's device time and its ratio to the
 plan's (``default``); ``FLOOR`` is the benchmark's elementwise kernel reading and writing
 the same bytes (``rl_triton_core.bench.peers.make_floor``). A variant whose outputs differ
 from the plan's beyond 1e-4 is marked WRONG (rounding differences: BITS DIFFER).
@@ -32,6 +33,13 @@ VARIANTS = {
     "3l32": dict(look_back=False, programs_per_sm=32),
     "t8lb": dict(tm_warps=8, look_back=True), "t8_3l": dict(tm_warps=8, look_back=False),
     "pf1": dict(prefetch=1),
+    # segments of several chunks in one launch (PHASE 5), at 8 (the plan's), 4 or 16
+    # programs per SM
+    "sp": dict(single_pass=True, look_back=False),
+    "sp4": dict(single_pass=True, look_back=False, programs_per_sm=4),
+    "sp16": dict(single_pass=True, look_back=False, programs_per_sm=16),
+    "sp_w32": dict(single_pass=True, look_back=False, look_window=32),
+    "sp_t4": dict(single_pass=True, look_back=False, tm_warps=4),
 }
 
 
@@ -45,29 +53,30 @@ def gtime(fn):
     return _TIMER._graph(fn, _TIMER._b2b(fn, 20))
 
 
-def _inputs(N, T):
+def _inputs(shape, N):
     def rand():
-        return torch.randn(T, N, device="cuda")
+        return torch.randn(shape, device="cuda")
     r, v, x, lr = rand(), rand(), rand(), 0.5 * rand()
-    return r, v, x, lr, torch.rand(T, N, device="cuda") < 0.02, torch.randn(N, device="cuda")
+    return r, v, x, lr, torch.rand(shape, device="cuda") < 0.02, torch.randn(N, device="cuda")
 
 
-def sweep(N, T, ests, names):
-    r, v, x, lr, d, boot = _inputs(N, T)
+def sweep(N, T, ests, names, batch=False):
+    shape, td = ((N, T), -1) if batch else ((T, N), 0)
+    r, v, x, lr, d, boot = _inputs(shape, N)
     calls = {
-        "gae_advantages": lambda: rc.gae_advantages(r, v, d, bootstrap_value=boot, time_dim=0),
-        "gae": lambda: rc.gae(r, v, d, bootstrap_value=boot, time_dim=0),
-        "lambda_returns": lambda: rc.lambda_returns(r, v, d, bootstrap_value=boot, time_dim=0),
-        "vtrace": lambda: rc.vtrace(lr, r, v, d, bootstrap_value=boot, time_dim=0),
-        "eligibility_traces": lambda: rc.eligibility_traces(x, d, time_dim=0),
+        "gae_advantages": lambda: rc.gae_advantages(r, v, d, bootstrap_value=boot, time_dim=td),
+        "gae": lambda: rc.gae(r, v, d, bootstrap_value=boot, time_dim=td),
+        "lambda_returns": lambda: rc.lambda_returns(r, v, d, bootstrap_value=boot, time_dim=td),
+        "vtrace": lambda: rc.vtrace(lr, r, v, d, bootstrap_value=boot, time_dim=td),
+        "eligibility_traces": lambda: rc.eligibility_traces(x, d, time_dim=td),
     }
     floors = {"gae_advantages": ([r, v, d], [boot], 1), "gae": ([r, v, d], [boot], 2),
               "lambda_returns": ([r, v, d], [boot], 1), "vtrace": ([lr, r, v, d], [boot], 2),
               "eligibility_traces": ([x, d], [], 1)}
     for e in ests:
         narrow, per_stream, n_out = floors[e]
-        floor = gtime(make_floor(narrow, [], per_stream, n_out, (T, N), torch.float32))
-        print(f"{e} {N}x{T} FLOOR: {floor:.1f} us", flush=True)
+        floor = gtime(make_floor(narrow, [], per_stream, n_out, shape, torch.float32))
+        print(f"{e} {N}x{T}{'b' if batch else ''} FLOOR: {floor:.1f} us", flush=True)
         base = t0 = None
         for name in names:
             f = _tuned(calls[e], VARIANTS[name])
@@ -98,13 +107,14 @@ def _tuned(fn, knobs):
 
 
 def main(argv):
-    shapes = [tuple(map(int, s.split("x"))) for s in argv[0].split(",")]
+    shapes = [(*map(int, s.rstrip("b").split("x")), s.endswith("b"))
+              for s in argv[0].split(",")]
     ests = argv[1].split(",")
     asked = argv[2].split(",") if len(argv) > 2 else []
     names = ["default"] + [v for v in asked if v != "default"]
     torch.manual_seed(0)
-    for N, T in shapes:
-        sweep(N, T, ests, names)
+    for N, T, batch in shapes:
+        sweep(N, T, ests, names, batch)
         torch.cuda.empty_cache()
 
 

@@ -26,7 +26,10 @@ carry leaving each segment, and PHASE 2 scans each segment again from the carry
 entering it and writes the outputs. PHASE 0 is the single-pass case (S = 1).
 Where all programs fit on the GPU at once, PHASE 4 does it in one launch instead:
 a chunk per program, the carry from a look-back over the other programs' maps
-(``_look_back``).
+(``_look_back``). PHASE 5 is the same look-back over segments of several chunks, in
+one launch: each program composes its segment's map (a first read), publishes it,
+takes the carry from the look-back, and scans the segment again (a second read, from
+L2) into the outputs.
 """
 
 from __future__ import annotations
@@ -552,7 +555,7 @@ def scan_kernel(
     tile (``_sub_scan``): SUB times the warps of a one-warp program on the same streams.
     """
     tl.static_assert(SUB == 1 or (PREFETCH == 0 and not PIPE))
-    if PHASE == 4:
+    if PHASE == 4 or PHASE == 5:
         # segments in ticket order (the look-back waits only on started programs)
         ctr = (WS + 3 * S * N).to(tl.pointer_type(tl.int32)) + tl.cdiv(N, BLOCK_N) * S
         tk = tl.atomic_add(ctr, 1)
@@ -662,6 +665,47 @@ def scan_kernel(
             n_chunks = 1
         else:
             n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
+        if PHASE == 5:
+            # one launch over segments of several chunks: the segment's map first (PHASE
+            # 1's loop, no stores), published for the look-back, which gives the carry
+            # entering the segment; then the loop below re-reads the segment (from L2:
+            # the program has just read it) and writes the outputs, as PHASE 2 does
+            seg_a = zero
+            seg_b = zero + 1.0
+            for kk in range(0, n_chunks):
+                if REVERSE:
+                    k = n_chunks - 1 - kk
+                else:
+                    k = kk
+                if SUB > 1:
+                    if REVERSE:
+                        t = t_lo + k * BLOCK_T + (BLOCK_T - 1 - pos)
+                    else:
+                        t = t_lo + k * BLOCK_T + pos
+                else:
+                    t = t_lo + k * BLOCK_T + cols
+                if I64:
+                    t = t.to(tl.int64)
+                m = nm2 & (t < t_hi)
+                alpha, beta, v, p0, p1, vnext, cont, extra, cut = _build(
+                    X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
+                    STR, o1, o2, t, m, T, MODE, REVERSE, UNIFORM, FP64)
+                alpha = tl.where(m, alpha, 0.0)
+                beta = tl.where(m, beta, 1.0)
+                if SUB > 1:
+                    A, B, ea, eb, agg_a, agg_b = _sub_scan(alpha, beta, BLOCK_T // SUB, SUB)
+                else:
+                    A, B = tl.associative_scan((alpha, beta), 1, _combine, reverse=REVERSE)
+                    if REVERSE:
+                        agg_a = _column(A, cols, 0)
+                        agg_b = _column(B, cols, 0)
+                    else:
+                        agg_a = _column(A, cols, BLOCK_T - 1)
+                        agg_b = _column(B, cols, BLOCK_T - 1)
+                seg_a, seg_b = _combine(seg_a, seg_b, agg_a, agg_b)
+            carry = _look_back(WS, seg_a, seg_b, carry, n, nmask, pid_n, pid_s, N, S,
+                               REVERSE, LOOK_W)
+            carry_seg = carry
         if PIPE:  # the first chunk's coefficients (in scan order), carried into the loop
             if REVERSE:
                 t0 = t_lo + (n_chunks - 1) * BLOCK_T + cols

@@ -271,6 +271,12 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         grid = (triton.cdiv(N, block_n) * S, 1)
         phases = (4,)
         ws_spec = ((3 * S * N + triton.cdiv(N, block_n) * S + 1,), wdt, True)
+    elif tune.single_pass:
+        # segments of several chunks, one launch: each program reads its segment twice
+        # (its map, then the outputs) around the look-back
+        grid = (triton.cdiv(N, block_n) * S, 1)
+        phases = (5,)
+        ws_spec = ((3 * S * N + triton.cdiv(N, block_n) * S + 1,), wdt, True)
     else:
         phases = (1, 3, 2)
         ws_spec = ((2, S, N), wdt, False)
@@ -284,7 +290,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         opts["maxnreg"] = tune.max_registers
     for phase in phases:
         c = {**consts, "PHASE": phase}
-        if phase in (0, 1, 2) and scalar_n and not c["ONE"] and sub == 1:
+        if phase in (0, 1, 2, 5) and scalar_n and not c["ONE"] and sub == 1:
             # measured on the H100 (docs/notes.md, "The next chunk's loads first"):
             # TD(lambda) 0.53-0.83x, traces 0.92-1.0x; GAE 1.04-1.13x, V-trace 0.89-1.08x
             pipe = tune.pipe
