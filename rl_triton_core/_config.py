@@ -11,7 +11,8 @@ sweeps, tests and bug reports, not something a user needs to set::
 Some knobs' defaults read the environment once, at import: ``RL_TRITON_CORE_FASTPATH=0``
 (``cached_launch=False``), ``RL_TRITON_CORE_LOOKBACK=1|0`` (``look_back``),
 ``RL_TRITON_CORE_FUSED_ACTIONS=1|0`` (``fused_actions``), ``RL_TRITON_CORE_FLIP=0``,
-``RL_TRITON_CORE_EVEN=0`` and ``RL_TRITON_CORE_PIPE=1|0`` (``flip``, ``even``, ``pipe``).
+``RL_TRITON_CORE_EVEN=0`` and ``RL_TRITON_CORE_PIPE=1|0`` (``flip``, ``even``, ``pipe``),
+``RL_TRITON_CORE_SINGLE_PASS=1`` (``single_pass``).
 """
 
 from __future__ import annotations

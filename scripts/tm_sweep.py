@@ -62,6 +62,7 @@ def _inputs(shape, N):
 
 def sweep(N, T, ests, names, batch=False):
     shape, td = ((N, T), -1) if batch else ((T, N), 0)
+    tag = "b" if batch else ""
     r, v, x, lr, d, boot = _inputs(shape, N)
     calls = {
         "gae_advantages": lambda: rc.gae_advantages(r, v, d, bootstrap_value=boot, time_dim=td),
@@ -76,7 +77,7 @@ def sweep(N, T, ests, names, batch=False):
     for e in ests:
         narrow, per_stream, n_out = floors[e]
         floor = gtime(make_floor(narrow, [], per_stream, n_out, shape, torch.float32))
-        print(f"{e} {N}x{T}{'b' if batch else ''} FLOOR: {floor:.1f} us", flush=True)
+        print(f"{e} {N}x{T}{tag} FLOOR: {floor:.1f} us", flush=True)
         base = t0 = None
         for name in names:
             f = _tuned(calls[e], VARIANTS[name])
@@ -92,10 +93,10 @@ def sweep(N, T, ests, names, batch=False):
                     mark = " BITS DIFFER" if close else " WRONG"
                 t = gtime(f)
                 t0 = t0 or t
-                print(f"{e} {N}x{T} {name}: {t:.1f} us ({t / t0:.2f} of the plan, "
+                print(f"{e} {N}x{T}{tag} {name}: {t:.1f} us ({t / t0:.2f} of the plan, "
                       f"{t / floor:.2f}x floor){mark}", flush=True)
             except Exception as ex:  # a variant that cannot compile or run: say so, go on
-                print(f"{e} {N}x{T} {name}: FAILED {type(ex).__name__}: {str(ex)[:200]}",
+                print(f"{e} {N}x{T}{tag} {name}: FAILED {type(ex).__name__}: {str(ex)[:200]}",
                       flush=True)
 
 

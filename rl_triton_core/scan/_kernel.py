@@ -23,7 +23,7 @@ sequences), the time axis is also split into S segments (grid axis 1):
 PHASE 1 stores each segment's composed map (A, B) in a workspace, PHASE 3 (one
 program per stream block) composes those maps once, in time order, into the
 carry leaving each segment, and PHASE 2 scans each segment again from the carry
-entering it and writes the outputs. PHASE 0 is the single-pass case (S = 1).
+entering it and writes the outputs. PHASE 0 is the case without segments (S = 1).
 Where all programs fit on the GPU at once, PHASE 4 does it in one launch instead:
 a chunk per program, the carry from a look-back over the other programs' maps
 (``_look_back``). PHASE 5 is the same look-back over segments of several chunks, in
@@ -469,7 +469,7 @@ def _fold(PA, PB, rows, valid, n, nmask, N, dtype: tl.constexpr):
 @triton.jit
 def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
                REVERSE: tl.constexpr, W: tl.constexpr):
-    """PHASE 4 (one pass): the carry entering segment ``pid_s``, in an order of
+    """PHASE 4 and 5 (one launch): the carry entering segment ``pid_s``, in an order of
     composition fixed by the segment's position, so the outputs repeat bit for bit.
 
     Segments are counted in scan order (q; from the end in reverse) and grouped in

@@ -1,10 +1,11 @@
 """Segments of several chunks in one launch (``Tuning.single_pass``: the scan kernel's
 PHASE 5): each program composes its segment's map, publishes it, takes the carry from
 the look-back over the other segments' maps, and scans its segment again into the
-outputs. Outputs and gradients against autograd through the float64 reference, in
-blocks of 2 segments (so the blocks' maps are composed over several windows),
-batch- and time-major, one warp or several along time, and float32 / float16 with
-random flags against the reference. The interpreter runs it on CPU tensors; on a GPU
+outputs. Outputs and gradients against autograd through the float64 reference in
+blocks of 2 segments, batch- and time-major, one warp or several along time;
+float32 / float16 with random flags against the reference; and a recurrence whose
+carry survives every segment (coefficients near 1, an initial value) over 10
+segments, so the look-back composes the blocks' maps over several windows. The interpreter runs it on CPU tensors; on a GPU
 the same tests run the compiled kernel."""
 
 import os
@@ -143,3 +144,25 @@ def test_single_pass_non_finite_stays_local(reverse, device, single):
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     ok = ~torch.isnan(want)
     torch.testing.assert_close(got[ok], want[ok], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p[0])
+def test_single_pass_carry_through_every_segment(plan, reverse, device, single, gen):
+    """beta in [0.97, 1] and an initial value: the carry from the first segment reaches
+    the last (in the tests above it fades within a segment or two, so a block of maps
+    dropped from the look-back went unnoticed: found in review). 10 segments in blocks
+    of 2 (5 blocks: the blocks before a segment take several windows of 2)."""
+    _, td, knobs, _ = plan
+    seen = single(knobs)
+    T = 10 * knobs["segment_len"]
+    shape = (T, 40) if td == 0 else (5, T)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    beta = 0.97 + 0.03 * torch.rand(shape, generator=gen, dtype=torch.float64)
+    init = torch.randn(shape[1] if td == 0 else shape[0], generator=gen, dtype=torch.float64)
+    want = ref.linear_recurrence(x, beta, init=init, reverse=reverse, time_dim=td)
+    got = rc.linear_recurrence(x.to(device), beta.to(device), init=init.to(device),
+                               reverse=reverse, time_dim=td)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-9, atol=1e-9)
+    _check_plan(seen, plan)
