@@ -5,8 +5,8 @@ outputs. Outputs and gradients against autograd through the float64 reference in
 blocks of 2 segments, batch- and time-major, one warp or several along time;
 float32 / float16 with random flags against the reference; and a recurrence whose
 carry survives every segment (coefficients near 1, an initial value) over 10
-segments, so the look-back composes the blocks' maps over several windows. The interpreter runs it on CPU tensors; on a GPU
-the same tests run the compiled kernel."""
+segments, so the look-back composes the blocks' maps over several windows. The
+interpreter runs it on CPU tensors; on a GPU the same tests run the compiled kernel."""
 
 import os
 
