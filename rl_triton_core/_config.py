@@ -11,8 +11,7 @@ sweeps, tests and bug reports, not something a user needs to set::
 Some knobs' defaults read the environment once, at import: ``RL_TRITON_CORE_FASTPATH=0``
 (``cached_launch=False``), ``RL_TRITON_CORE_LOOKBACK=1|0`` (``look_back``),
 ``RL_TRITON_CORE_FUSED_ACTIONS=1|0`` (``fused_actions``), ``RL_TRITON_CORE_FLIP=0``,
-``RL_TRITON_CORE_EVEN=0`` and ``RL_TRITON_CORE_PIPE=1|0`` (``flip``, ``even``, ``pipe``),
-``RL_TRITON_CORE_SINGLE_PASS=1`` (``single_pass``).
+``RL_TRITON_CORE_EVEN=0`` and ``RL_TRITON_CORE_PIPE=1|0`` (``flip``, ``even``, ``pipe``).
 """
 
 from __future__ import annotations
@@ -34,30 +33,16 @@ class Tuning:
             on the Triton path, whatever the shape (tests use it to reach the segmented
             scan on small shapes); None: the plan decides.
         tile: ``(BLOCK_N, BLOCK_T, num_warps[, SCALAR_N[, STAGES[, PROGRAMS_PER_SM]]])``
-            instead of the plan's tile (sweeps); None: the plan's. A time-major tile of 32
-            streams (SCALAR_N) with several warps splits each chunk's steps among them, as
-            ``tm_warps`` does.
+            instead of the plan's tile (sweeps); None: the plan's.
         programs_per_sm: time is split into segments until there are about this many
             programs per multiprocessor.
         look_back: segmented plans as one launch with a look-back over the segments'
             maps (True), as three launches (False), or where measured to pay (None).
         look_window: segments per block of the look-back, read at a time (a power of
             two >= 2).
-        single_pass: segmented plans of several chunks a segment (where the look-back's
-            one chunk a program would not fit the GPU at once) as one launch: each
-            program reads its segment twice around a look-back over the segments' maps
-            (True, ``RL_TRITON_CORE_SINGLE_PASS=1``), instead of three launches
-            (False, the default).
         middle_elems: the middle pass's tile (streams x maps per step).
         tm_steps: steps per thread and chunk of the time-major (thread-per-stream) tiles
             (at least 16).
-        tm_warps: warps along time in a time-major (thread-per-stream) program of 32
-            streams: its chunk is ``tm_warps x tm_steps`` steps, each warp scanning
-            ``tm_steps`` of them in registers (a power of two, 1-32; 1: a warp per
-            program, the whole chunk in each thread; None: the plan's choice).
-        max_registers: CUDA: registers per thread of the scan kernel's launches at most
-            (ptxas' ``maxnreg``; 16-255): more programs resident per SM, at the cost of
-            spills where the kernel needs more (sweeps); None: the compiler's choice.
         prefetch: CUDA: ask L2 for the inputs of the chunk this many ahead at the top of
             each chunk of the loop over chunks (0: off; sweeps: measured mixed on the
             H100, docs/notes.md).
@@ -97,11 +82,8 @@ class Tuning:
     look_back: bool | None = {"1": True, "0": False}.get(
         os.environ.get("RL_TRITON_CORE_LOOKBACK", ""))
     look_window: int = 16
-    single_pass: bool = os.environ.get("RL_TRITON_CORE_SINGLE_PASS", "0") == "1"
     middle_elems: int = 2048
     tm_steps: int = 16
-    tm_warps: int | None = None
-    max_registers: int | None = None
     prefetch: int = 0
     flip: bool = os.environ.get("RL_TRITON_CORE_FLIP", "1") == "1"
     even: bool = os.environ.get("RL_TRITON_CORE_EVEN", "1") == "1"
@@ -115,18 +97,14 @@ class Tuning:
         os.environ.get("RL_TRITON_CORE_FUSED_ACTIONS", ""))
 
     def __post_init__(self):
-        # (name, lowest, highest, power of two, None allowed, what the message says)
-        for name, lo, hi, pow2, none_ok, what in (
-                ("prefetch", 0, None, False, False, "a whole number of chunks >= 0"),
-                ("small_tokens", 0, None, False, False, "a whole number of tokens >= 0"),
-                ("tm_warps", 1, 32, True, True, "None or a power of two in 1..32"),
-                ("max_registers", 16, 255, False, True, "None or a whole number in 16..255"),
-                ("look_window", 2, None, True, False, "a power of two >= 2")):
+        # (name, lowest, power of two, what the message says)
+        for name, lo, pow2, what in (
+                ("prefetch", 0, False, "a whole number of chunks >= 0"),
+                ("small_tokens", 0, False, "a whole number of tokens >= 0"),
+                ("look_window", 2, True, "a power of two >= 2")):
             v = getattr(self, name)
-            if v is None and none_ok:
-                continue
             if (isinstance(v, bool) or not isinstance(v, int) or v < lo
-                    or (hi is not None and v > hi) or (pow2 and v & (v - 1))):
+                    or (pow2 and v & (v - 1))):
                 raise ValueError(f"{name} must be {what}, got {v!r}")
         # hashed once: the tuning is part of every cached launch's key
         fields = tuple(getattr(self, f.name) for f in dataclasses.fields(self))

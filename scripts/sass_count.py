@@ -2,7 +2,7 @@
 memory and SASS instruction counts, per tuning variant (a way to count instructions
 before a device run).
 
-    python scripts/sass_count.py 16384 512 gae default,t4,t8
+    python scripts/sass_count.py 16384 512 gae default,lb32
 
 N streams x T steps, time-major float32 data with done flags. The call runs on CPU
 tensors through the Triton path; the first kernel launch is compiled for sm_90 by
@@ -29,10 +29,7 @@ import rl_triton_core as rc
 from rl_triton_core.scan import _launch
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-VARIANTS = {"default": {}, "t2": dict(tm_warps=2), "t4": dict(tm_warps=4),
-            "t8": dict(tm_warps=8), "t16": dict(tm_warps=16),
-            "t8s32": dict(tm_warps=8, tm_steps=32), "t8r96": dict(tm_warps=8, max_registers=96),
-            "t8r128": dict(tm_warps=8, max_registers=128),
+VARIANTS = {"default": {}, "s32": dict(tm_steps=32), "three": dict(look_back=False),
             "lb32": dict(look_back=True, segment_len=32, tm_steps=32)}
 
 
@@ -64,9 +61,6 @@ def _capture():
     real = JITFunction.run
 
     def run(self, *args, grid, warmup, **kw):
-        limit = rc.current_tuning().max_registers  # (the launch passes it on CUDA only)
-        if limit is not None:
-            kw["maxnreg"] = limit
         kernel = real(self, *args, grid=grid, warmup=True, **kw)
         raise _Compiled(kernel, grid, kw)
 
@@ -116,7 +110,7 @@ def main(argv):
                if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
         ops = collections.Counter(re.sub(r"^@!?U?P[T0-9]+\s+", "", i).split()[0].split(".")[0]
                                   for i in ins if i)
-        phases = {k: kw[k] for k in ("PHASE", "BLOCK_N", "BLOCK_T", "SUB") if k in kw}
+        phases = {k: kw[k] for k in ("PHASE", "BLOCK_N", "BLOCK_T") if k in kw}
         print(f"{est} {N}x{T} {name}: grid {grid} {phases} warps {kw.get('num_warps')} "
               f"registers {use.group(1) if use else '?'} local {use.group(3) if use else '?'} "
               f"shared {kernel.metadata.shared} B, {len(ins)} SASS instructions: "

@@ -1,7 +1,7 @@
-"""Time-major tile sweep: device time of each estimator under named tuning variants,
+"""Tile sweep: device time of each estimator under named tuning variants,
 against the same-bytes floor, on CUDA (the benchmark's CUDA-graph replay timer).
 
-    python scripts/tm_sweep.py 16384x512,4096x128 gae,vtrace t4,t8,t16
+    python scripts/tm_sweep.py 16384x512,4096x128,16x131072b gae,vtrace lb16,3l32
 
 Shapes are N streams x T steps, data ``[T, N]`` float32 (``time_dim=0``) with 2% done
 flags and a bootstrap value; a shape ending in ``b`` (``16x131072b``) is batch-major,
@@ -21,25 +21,12 @@ from rl_triton_core.bench.peers import make_floor
 
 VARIANTS = {
     "default": {},
-    # warps along time in a program of 32 streams (Tuning.tm_warps)
-    "t2": dict(tm_warps=2), "t4": dict(tm_warps=4), "t8": dict(tm_warps=8),
-    "t16": dict(tm_warps=16), "t8s32": dict(tm_warps=8, tm_steps=32),
-    # the same at most this many registers a thread (more programs per SM)
-    "t4r128": dict(tm_warps=4, max_registers=128), "t8r96": dict(tm_warps=8, max_registers=96),
-    "t8r128": dict(tm_warps=8, max_registers=128), "t16r96": dict(tm_warps=16, max_registers=96),
+    "s32": dict(tm_steps=32),
     # time segments: the look-back with one chunk a program, or three launches
     "lb16": dict(look_back=True, segment_len=16),
     "lb32": dict(look_back=True, segment_len=32, tm_steps=32),
     "3l32": dict(look_back=False, programs_per_sm=32),
-    "t8lb": dict(tm_warps=8, look_back=True), "t8_3l": dict(tm_warps=8, look_back=False),
     "pf1": dict(prefetch=1),
-    # segments of several chunks in one launch (PHASE 5), at 8 (the plan's), 4 or 16
-    # programs per SM
-    "sp": dict(single_pass=True, look_back=False),
-    "sp4": dict(single_pass=True, look_back=False, programs_per_sm=4),
-    "sp16": dict(single_pass=True, look_back=False, programs_per_sm=16),
-    "sp_w32": dict(single_pass=True, look_back=False, look_window=32),
-    "sp_t4": dict(single_pass=True, look_back=False, tm_warps=4),
 }
 
 

@@ -67,7 +67,7 @@ def _segments(N: int, T: int, block_n: int, block_t: int, device, tune: Tuning,
 
 
 def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_GAE,
-         elem_bytes: int = 4, tune: Tuning | None = None, sub: bool = True):
+         elem_bytes: int = 4, tune: Tuning | None = None):
     """Tile shape, warps and time segmentation:
     (BLOCK_N, BLOCK_T, SEG_LEN, S, num_warps, SCALAR_N, STAGES).
 
@@ -85,10 +85,7 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
     contiguous): one thread per stream (SCALAR_N), each holding BLOCK_T steps, so
     a warp's loads are one coalesced row per step and the scan is sequential in
     registers -- unless there are fewer streams than a warp has threads: there,
-    up to 32 streams x 128 steps over 8 warps. With ``Tuning.tm_warps`` > 1 (and
-    ``sub``: the scan kernel, not the fused actions' kernel) a program of 32 streams has
-    that many warps along time, each scanning its own ``tm_steps`` of the chunk
-    (``sub_warps``).
+    up to 32 streams x 128 steps over 8 warps.
     When the tiles cannot fill the GPU (few streams), time is split into
     segments of whole chunks: two passes over the inputs, one over the outputs,
     and between them one small pass over the segments' maps.
@@ -133,10 +130,6 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
         # thread per stream from one warp of streams: with the middle pass, also for
         # many time segments (256x16384 GAE 148 -> 68 us, docs/bench/*-s4-tm-sweep.md)
         scalar_n = N >= 32
-        w = tune.tm_warps or 1
-        w = min(w, max(1, tp // block_t))  # no more warps than the steps fill
-        if scalar_n and sub and w > 1:
-            block_n, num_warps, block_t = 32, w, w * block_t
         if not scalar_n:
             block_n = max(2, min(np2, 32))
             block_t = max(16, min(tp, 4096 // block_n))
@@ -148,16 +141,8 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
         per_sm = tune.tile[5] if len(tune.tile) > 5 else per_sm
     if tune.segment_len is not None:
         block_t = max(16, min(block_t, tune.segment_len))
-    if scalar_n and block_n == 32 and num_warps > block_t:  # a step per warp at least
-        num_warps = block_t
     seg, S = _segments(N, T, block_n, block_t, device, tune, per_sm)
     return block_n, block_t, seg, S, num_warps, scalar_n, stages
-
-
-def sub_warps(block_n: int, num_warps: int, scalar_n: bool) -> int:
-    """The scan kernel's SUB: warps along time in a time-major program (one stream per
-    lane, 32 streams, several warps), else 1."""
-    return num_warps if scalar_n and block_n == 32 and num_warps > 1 else 1
 
 
 def use_look_back(N: int, T: int, block_n: int, block_t: int, device,
@@ -251,13 +236,12 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
     time_contiguous = (x_time if x_time != 0 else strides["out"][2]) == 1 or T == 1
     block_n, block_t, seg, S, num_warps, scalar_n, stages = plan(
         N, T, time_contiguous, device, mode, out0.element_size(), tune)
-    sub = sub_warps(block_n, num_warps, scalar_n)
     consts = dict(MODE=mode, REVERSE=reverse, UNIFORM=uniform, FP64=fp64, SCALAR_N=scalar_n,
                   BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_S=2, STAGES=stages,
                   LOOK_W=tune.look_window, ONE=S == 1 and block_t >= T,
                   PREFETCH=tune.prefetch if device.type == "cuda" and not torch.version.hip
-                  and sub == 1 else 0,  # (inline PTX)
-                  FLIP=False, EVEN=False, PIPE=False, SUB=sub,
+                  else 0,  # (inline PTX)
+                  FLIP=False, EVEN=False, PIPE=False,
                   I64=tune.wide_index or _reach(strides, sizes3, block_n, block_t) >= 2**31)
     grid = (triton.cdiv(N, block_n), S)
     ws_spec = None
@@ -271,12 +255,6 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         grid = (triton.cdiv(N, block_n) * S, 1)
         phases = (4,)
         ws_spec = ((3 * S * N + triton.cdiv(N, block_n) * S + 1,), wdt, True)
-    elif tune.single_pass:
-        # segments of several chunks, one launch: each program reads its segment twice
-        # (its map, then the outputs) around the look-back
-        grid = (triton.cdiv(N, block_n) * S, 1)
-        phases = (5,)
-        ws_spec = ((3 * S * N + triton.cdiv(N, block_n) * S + 1,), wdt, True)
     else:
         phases = (1, 3, 2)
         ws_spec = ((2, S, N), wdt, False)
@@ -285,12 +263,9 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         args[WS_POS] = alloc(ws_spec[0], device=device, dtype=wdt)
     args += [N, N2, T, seg, S, 1]
     launched = []
-    opts = {"num_warps": num_warps}
-    if tune.max_registers is not None and device.type == "cuda" and not torch.version.hip:
-        opts["maxnreg"] = tune.max_registers
     for phase in phases:
         c = {**consts, "PHASE": phase}
-        if phase in (0, 1, 2, 5) and scalar_n and not c["ONE"] and sub == 1:
+        if phase in (0, 1, 2) and scalar_n and not c["ONE"]:
             # measured on the H100 (docs/notes.md, "The next chunk's loads first"):
             # TD(lambda) 0.53-0.83x, traces 0.92-1.0x; GAE 1.04-1.13x, V-trace 0.89-1.08x
             pipe = tune.pipe
@@ -308,7 +283,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         if phase == 3:  # the middle pass: one program per stream block, BLOCK_S maps a step
             pgrid = (grid[0], 1)
             c["BLOCK_S"] = max(2, min(triton.next_power_of_2(S), tune.middle_elems // block_n))
-        kernel = scan_kernel[pgrid](*args, **c, **opts)
+        kernel = scan_kernel[pgrid](*args, **c, num_warps=num_warps)
         launched.append((kernel, pgrid, c))
     return args, passed, ws_spec, launched
 
