@@ -23,9 +23,10 @@ Inputs are batch-major [N, T] fp32 with 2% random (bool) done flags; every call 
 ``time_dim=-1`` by keyword. Estimators: gae (shifted values + bootstrap_value, also with
 truncated flags and with ``out=`` when gae takes it), gae_advantages, lambda_returns,
 discounted_returns, vtrace, retrace, retrace_from_actions (A=6), eligibility_traces,
-episodic_cumsum, linear_recurrence, and the token estimators masked_gae (also whitened),
-masked_whiten and masked_returns. Baselines in the same process: ``torch.add(a, b)`` and
-``torch.add(a, b, out=c)`` on the same-size tensors, and a trivial Triton copy kernel
+episodic_cumsum, linear_recurrence, group_advantages (GRPO and RLOO, groups of 8), and
+the token estimators masked_gae (also whitened), masked_whiten and masked_returns.
+Baselines in the same process: ``torch.add(a, b)`` and ``torch.add(a, b, out=c)`` on the
+same-size tensors, and a trivial Triton copy kernel
 (64 elements) with 8, 32 and 94 runtime arguments (unused int and pointer arguments added;
 BLOCK is a constexpr on top) launched through the normal ``kernel[grid](...)``. A missing
 or failing estimator is recorded with its error and the run goes on.
@@ -77,6 +78,7 @@ def estimator_calls(n, t, device, gen):
     beta = 0.99 * (~done).float()
     mask = ~done  # the token estimators' response mask
     outs = (torch.empty_like(r), torch.empty_like(r))
+    scores, group = randn(n), (torch.arange(n) // 8).to(device)
 
     def g(name):  # looked up at call time: a missing estimator raises, and is recorded
         fn = getattr(rc, name, None)
@@ -129,6 +131,11 @@ def estimator_calls(n, t, device, gen):
         "masked_whiten": ("masked_whiten", lambda: g("masked_whiten")(x, mask)),
         "masked_returns": ("masked_returns", lambda: g("masked_returns")(r, mask, gamma=1.0,
                                                                          time_dim=-1)),
+        # GRPO / RLOO over n responses in groups of 8 (torch ops, no scan kernel)
+        "group_advantages": ("group_advantages", lambda: g("group_advantages")(
+            scores, group, num_groups=n)),
+        "group_advantages(rloo)": ("group_advantages", lambda: g("group_advantages")(
+            scores, group, method="rloo", num_groups=n)),
         "torch.add": ("baseline", lambda: torch.add(r, v)),
         "torch.add(out=)": ("baseline", lambda: torch.add(r, v, out=outs[0])),
     })
