@@ -171,7 +171,9 @@ def _forward(spec, args, time_dim, out_arg) -> Call:
             f"done of shape {tuple(done.shape)} must be x's shape {shape} without trailing "
             f"feature axes, time axis included (time_dim={time_dim})"
         )
-    done_b = done.reshape(tuple(done.shape) + (1,) * feat)
+    # (done itself where there are no feature axes: the CPU replay records a call only
+    # when the kernel reads the user's own tensors)
+    done_b = done.reshape(tuple(done.shape) + (1,) * feat) if feat else done
     check.broadcastable("done", done_b, shape, "x's shape (without its feature axes)")
     init = check.optional("init", args["init"])
     if init is not None:

@@ -753,3 +753,30 @@ def test_retrace_from_actions_cached_call(boot, path, impl, gen, seed, tuned, mo
     n = len(calls)
     lib("retrace_from_actions")(*args, **kw)
     assert len(calls) == n  # autograd inputs: the full path (torch ops), no replay
+
+
+@pytest.mark.parametrize("name", ["eligibility_traces", "episodic_cumsum"])
+def test_forward_scans_repeat_a_recorded_cpu_call(name, gen, monkeypatch):
+    """``done`` without feature axes reaches the kernel as the caller's own tensor, so a
+    repeated CPU call replays its record instead of validating again (the flags were once
+    reshaped into a new tensor object every call, which the CPU record refuses: 52 µs a
+    call at 64x32 on a 2-core host instead of 22). The replay gives the first call's bits
+    and the reference's values."""
+    import os
+
+    from rl_triton_core.scan import _dispatch
+
+    if os.environ.get("RL_TRITON_CORE_BACKEND", "auto") == "triton":
+        pytest.skip("the CPU path's record")
+    monkeypatch.setattr(_dispatch, "_PLANS", {})
+    x = randn(gen, (5, 40))
+    done = bernoulli(gen, (5, 40), 0.1)
+    import rl_triton_core as rc
+    import rl_triton_core.reference as reference
+
+    fn = getattr(rc, name)
+    outs = [fn(x, done, time_dim=-1) for _ in range(4)]  # (the first may run numpy)
+    assert _dispatch._PLANS, "no record of the repeated call"
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    want = getattr(reference, name)(x.double(), done, time_dim=-1)
+    torch.testing.assert_close(outs[-1].double(), want, rtol=1e-5, atol=1e-5)
