@@ -30,6 +30,7 @@ from rl_triton_core.scan import _launch
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 VARIANTS = {"default": {}, "s32": dict(tm_steps=32), "three": dict(look_back=False),
+            "w4": dict(look_window=4), "w8": dict(look_window=8),
             "lb32": dict(look_back=True, segment_len=32, tm_steps=32)}
 
 

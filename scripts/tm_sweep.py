@@ -27,6 +27,11 @@ VARIANTS = {
     "lb32": dict(look_back=True, segment_len=32, tm_steps=32),
     "3l32": dict(look_back=False, programs_per_sm=32),
     "pf1": dict(prefetch=1),
+    # the look-back's window (segments read at a time; the plan's is 16) and the middle
+    # pass's tile (the plan's 2048 elements)
+    "w4": dict(look_window=4), "w8": dict(look_window=8), "w32": dict(look_window=32),
+    "lbw32": dict(look_back=True, look_window=32), "lbw64": dict(look_back=True, look_window=64),
+    "mid8k": dict(middle_elems=8192),
 }
 
 
