@@ -764,6 +764,8 @@ def test_forward_scans_repeat_a_recorded_cpu_call(name, gen, monkeypatch):
     and the reference's values."""
     import os
 
+    import rl_triton_core as rc
+    import rl_triton_core.reference as reference
     from rl_triton_core.scan import _dispatch
 
     if os.environ.get("RL_TRITON_CORE_BACKEND", "auto") == "triton":
@@ -771,9 +773,6 @@ def test_forward_scans_repeat_a_recorded_cpu_call(name, gen, monkeypatch):
     monkeypatch.setattr(_dispatch, "_PLANS", {})
     x = randn(gen, (5, 40))
     done = bernoulli(gen, (5, 40), 0.1)
-    import rl_triton_core as rc
-    import rl_triton_core.reference as reference
-
     fn = getattr(rc, name)
     outs = [fn(x, done, time_dim=-1) for _ in range(4)]  # (the first may run numpy)
     assert _dispatch._PLANS, "no record of the repeated call"
