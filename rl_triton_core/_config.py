@@ -43,10 +43,6 @@ class Tuning:
         middle_elems: the middle pass's tile (streams x maps per step).
         tm_steps: steps per thread and chunk of the time-major (thread-per-stream) tiles
             (at least 16).
-        tm_lanes: lanes along time in a time-major (thread-per-stream) warp: a warp holds
-            ``32 // tm_lanes`` streams, each over ``tm_lanes`` lanes of ``tm_steps``
-            consecutive steps, the lanes' maps composed by warp shuffles (a power of two,
-            1-8; 1: a lane per stream).
         prefetch: CUDA: ask L2 for the inputs of the chunk this many ahead at the top of
             each chunk of the loop over chunks (0: off; sweeps: measured mixed on the
             H100, docs/notes.md).
@@ -88,7 +84,6 @@ class Tuning:
     look_window: int = 16
     middle_elems: int = 2048
     tm_steps: int = 16
-    tm_lanes: int = 1
     prefetch: int = 0
     flip: bool = os.environ.get("RL_TRITON_CORE_FLIP", "1") == "1"
     even: bool = os.environ.get("RL_TRITON_CORE_EVEN", "1") == "1"
@@ -106,14 +101,11 @@ class Tuning:
         for name, lo, pow2, what in (
                 ("prefetch", 0, False, "a whole number of chunks >= 0"),
                 ("small_tokens", 0, False, "a whole number of tokens >= 0"),
-                ("look_window", 2, True, "a power of two >= 2"),
-                ("tm_lanes", 1, True, "a power of two in 1..8")):
+                ("look_window", 2, True, "a power of two >= 2")):
             v = getattr(self, name)
             if (isinstance(v, bool) or not isinstance(v, int) or v < lo
                     or (pow2 and v & (v - 1))):
                 raise ValueError(f"{name} must be {what}, got {v!r}")
-        if self.tm_lanes > 8:
-            raise ValueError(f"tm_lanes must be a power of two in 1..8, got {self.tm_lanes!r}")
         # hashed once: the tuning is part of every cached launch's key
         fields = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
         object.__setattr__(self, "_hash", hash(fields))

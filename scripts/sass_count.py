@@ -8,7 +8,7 @@ N streams x T steps, time-major float32 data with done flags. The call runs on C
 tensors through the Triton path; the first kernel launch is compiled for sm_90 by
 Triton (with its bundled ptxas) instead of launched, and its cubin is read with the
 bundled ``cuobjdump`` and ``nvdisasm``. Needs a Triton wheel with the NVIDIA backend;
-``TTGIR=1`` also writes the kernel's TTGIR (its layouts) to /tmp, ``SASS=1`` its SASS.
+``TTGIR=1`` also writes the kernel's TTGIR (its layouts) to /tmp.
 """
 
 import collections
@@ -31,9 +31,7 @@ from rl_triton_core.scan import _launch
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 VARIANTS = {"default": {}, "s32": dict(tm_steps=32), "three": dict(look_back=False),
             "w4": dict(look_window=4), "w8": dict(look_window=8),
-            "lb32": dict(look_back=True, segment_len=32, tm_steps=32),
-            "l2": dict(tm_lanes=2), "l4": dict(tm_lanes=4), "l8": dict(tm_lanes=8),
-            "l4s8": dict(tm_lanes=4, tm_steps=8), "l4s32": dict(tm_lanes=4, tm_steps=32)}
+            "lb32": dict(look_back=True, segment_len=32, tm_steps=32)}
 
 
 class _Sm90(CudaDriver):
@@ -108,9 +106,6 @@ def main(argv):
             f.flush()
             res = _tool("cuobjdump", f.name, "-res-usage")
             sass = _tool("nvdisasm", f.name, "-c")
-        if os.environ.get("SASS"):
-            with open(f"/tmp/sass_{est}_{name}.txt", "w") as f:
-                f.write(sass)
         use = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", res)
         ins = [ln.split("*/")[1].strip() for ln in sass.splitlines()
                if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]

@@ -32,10 +32,6 @@ VARIANTS = {
     "w4": dict(look_window=4), "w8": dict(look_window=8), "w32": dict(look_window=32),
     "lbw32": dict(look_back=True, look_window=32), "lbw64": dict(look_back=True, look_window=64),
     "mid8k": dict(middle_elems=8192),
-    # lanes along time in a time-major warp (32 // lanes streams a warp)
-    "l2": dict(tm_lanes=2), "l4": dict(tm_lanes=4), "l8": dict(tm_lanes=8),
-    "l4s32": dict(tm_lanes=4, tm_steps=32), "l4lb": dict(tm_lanes=4, look_back=True),
-    "l4p": dict(tm_lanes=4, programs_per_sm=16),
 }
 
 
