@@ -8,7 +8,7 @@ N streams x T steps, time-major float32 data with done flags. The call runs on C
 tensors through the Triton path; the first kernel launch is compiled for sm_90 by
 Triton (with its bundled ptxas) instead of launched, and its cubin is read with the
 bundled ``cuobjdump`` and ``nvdisasm``. Needs a Triton wheel with the NVIDIA backend;
-``TTGIR=1`` also writes the kernel's TTGIR (its layouts) to /tmp.
+``TTGIR=1`` also writes the kernel's TTGIR (its layouts) to /tmp, ``SASS=1`` its SASS.
 """
 
 import collections
@@ -106,6 +106,9 @@ def main(argv):
             f.flush()
             res = _tool("cuobjdump", f.name, "-res-usage")
             sass = _tool("nvdisasm", f.name, "-c")
+        if os.environ.get("SASS"):
+            with open(f"/tmp/sass_{est}_{name}.txt", "w") as f:
+                f.write(sass)
         use = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", res)
         ins = [ln.split("*/")[1].strip() for ln in sass.splitlines()
                if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]

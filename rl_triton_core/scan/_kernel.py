@@ -439,7 +439,7 @@ def _fold(PA, PB, rows, valid, n, nmask, N, dtype: tl.constexpr):
 
 
 @triton.jit
-def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
+def _look_back(WS, agg_a, agg_b, init, n, nf, nmask, pid_n, pid_s, N, S,
                REVERSE: tl.constexpr, W: tl.constexpr):
     """PHASE 4 (one pass): the carry entering segment ``pid_s``, in an order of
     composition fixed by the segment's position, so the outputs repeat bit for bit.
@@ -478,7 +478,7 @@ def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
         seg = S - 1 - qq
     _wait(FL, seg, valid, 1)
     tl.debug_barrier()
-    ia, ib = _fold(PA, PB, seg, valid, n, nmask, N, agg_a.dtype)
+    ia, ib = _fold(PA, PB, seg, valid, nf, nmask, N, agg_a.dtype)
     if q % W == W - 1:  # the block's last segment: publish the block's map first
         ba, bb = _combine(ia, ib, agg_a, agg_b)
         tl.store(PC + blk.to(tl.int64) * N + n, ba, mask=nmask)
@@ -494,7 +494,7 @@ def _look_back(WS, agg_a, agg_b, init, n, nmask, pid_n, pid_s, N, S,
             last = S - 1 - last
         _wait(FL, last, valid, 2)
         tl.debug_barrier()
-        ga, gb = _fold(PC, PC + n_full * N, b, valid, n, nmask, N, agg_a.dtype)
+        ga, gb = _fold(PC, PC + n_full * N, b, valid, nf, nmask, N, agg_a.dtype)
         carry = _apply(ga, gb, carry)
     return _apply(ia, ib, carry)
 
@@ -554,6 +554,10 @@ def scan_kernel(
         # (vector width = min(contiguity, alignment)).
         n1 = tl.max_contiguous(tl.multiple_of(n1 * UNIT, 1), 2)
         n2 = tl.max_contiguous(tl.multiple_of(n2 * UNIT, 1), 2)
+        # (the look-back's windows of maps likewise: each thread folds its stream's)
+        nf = tl.max_contiguous(tl.multiple_of(n * UNIT, 1), 2)
+    else:
+        nf = n
     o1 = n1[:, None]
     o2 = n2[:, None]
     nm2 = nmask[:, None]
@@ -692,7 +696,7 @@ def scan_kernel(
                 edge = BLOCK_T - 1
             if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
                 carry = _look_back(WS, _column(A, cols, edge), _column(B, cols, edge), carry,
-                                   n, nmask, pid_n, pid_s, N, S, REVERSE, LOOK_W)
+                                   n, nf, nmask, pid_n, pid_s, N, S, REVERSE, LOOK_W)
                 carry_seg = carry
             if PHASE == 1:
                 carry_a, carry_b = _combine(carry_a, carry_b, _column(A, cols, edge),
