@@ -554,7 +554,8 @@ def scan_kernel(
         # (vector width = min(contiguity, alignment)).
         n1 = tl.max_contiguous(tl.multiple_of(n1 * UNIT, 1), 2)
         n2 = tl.max_contiguous(tl.multiple_of(n2 * UNIT, 1), 2)
-        # (the look-back's windows of maps likewise: each thread folds its stream's)
+        # (the look-back's windows of maps and the middle pass's tiles likewise: each
+        # thread composes its own stream's maps)
         nf = tl.max_contiguous(tl.multiple_of(n * UNIT, 1), 2)
     else:
         nf = n
@@ -578,21 +579,21 @@ def scan_kernel(
         s_cols = tl.arange(0, BLOCK_S)[None, :]
         n_sc = tl.cdiv(S, BLOCK_S)
         for kk in range(0, n_sc):
+            # the maps in scan order along the tile (the latest segment first in reverse),
+            # so the scan runs forward: a reverse scan swaps its operands across the warp
+            # before and after (shuffles), also where each thread holds its stream's maps
             if REVERSE:
-                k = n_sc - 1 - kk
-                edge = 0
+                s_idx = (n_sc - 1 - kk) * BLOCK_S + (BLOCK_S - 1 - s_cols)
             else:
-                k = kk
-                edge = BLOCK_S - 1
-            s_idx = k * BLOCK_S + s_cols
+                s_idx = kk * BLOCK_S + s_cols
             sm = nm2 & (s_idx < S)
-            w_off = s_idx.to(tl.int64) * N + n[:, None]
+            w_off = s_idx.to(tl.int64) * N + nf[:, None]
             wa = tl.load(WS + w_off, mask=sm, other=0.0).to(zero.dtype)
             wb = tl.load(WS + S * N + w_off, mask=sm, other=1.0).to(zero.dtype)
-            A, B = tl.associative_scan((wa, wb), 1, _combine, reverse=REVERSE)
+            A, B = tl.associative_scan((wa, wb), 1, _combine)
             h = _apply(A, B, carry[:, None])
             tl.store(WS + w_off, h.to(WS.dtype.element_ty), mask=sm)
-            carry = _column(h, s_cols, edge)
+            carry = _column(h, s_cols, BLOCK_S - 1)
     else:
         t_lo = pid_s * SEG_LEN
         t_hi = tl.minimum(t_lo + SEG_LEN, T)
