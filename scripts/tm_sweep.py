@@ -32,6 +32,10 @@ VARIANTS = {
     "w4": dict(look_window=4), "w8": dict(look_window=8), "w32": dict(look_window=32),
     "lbw32": dict(look_back=True, look_window=32), "lbw64": dict(look_back=True, look_window=64),
     "mid8k": dict(middle_elems=8192),
+    "pipe": dict(pipe=True), "nopipe": dict(pipe=False),
+    "pps4": dict(programs_per_sm=4), "pps16": dict(programs_per_sm=16),
+    "lb": dict(look_back=True), "lb3": dict(look_back=False),
+    "lbw64s": dict(look_back=True, look_window=64, segment_len=2048),
 }
 
 

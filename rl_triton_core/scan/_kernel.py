@@ -625,7 +625,9 @@ def scan_kernel(
         else:
             n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
         if PIPE:  # the first chunk's coefficients (in scan order), carried into the loop
-            if REVERSE:
+            if REVERSE and FLIP:
+                t0 = t_lo + (n_chunks - 1) * BLOCK_T + (BLOCK_T - 1 - cols)
+            elif REVERSE:
                 t0 = t_lo + (n_chunks - 1) * BLOCK_T + cols
             else:
                 t0 = t_lo + cols

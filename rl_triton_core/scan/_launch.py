@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 import triton
 from triton import knobs  # noqa: F401 (the launch hooks _dispatch reads)
 
@@ -266,12 +267,21 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
     for phase in phases:
         c = {**consts, "PHASE": phase}
         if phase in (0, 1, 2) and scalar_n and not c["ONE"]:
-            # measured on the H100 (docs/notes.md, "The next chunk's loads first"):
-            # TD(lambda) 0.53-0.83x, traces 0.92-1.0x; GAE 1.04-1.13x, V-trace 0.89-1.08x
+            # measured on the H100 (docs/notes.md, "The next chunk's loads first" and "The
+            # loops' reverse scans held in one thread"): the next chunk's loads first,
+            # TD(lambda) 0.53-0.83x, traces 0.92-1.0x; with the reverse scans' chunks
+            # loaded latest step first (FLIP) on one warp a program, GAE 0.58-0.77x,
+            # V-trace 0.75-0.90x, TD(lambda) 0.65-0.75x. On two warps (65536 streams and
+            # more) both pay for V-trace only (0.80x; GAE 1.0-1.08x, TD(lambda) 1.10x)
             pipe = tune.pipe
+            flip = num_warps == 1 or mode == _table.MODE_VTRACE
             if pipe is None:
-                pipe = mode in (_table.MODE_TDLAMBDA, _table.MODE_TRACE)
+                pipe = mode in (_table.MODE_TDLAMBDA, _table.MODE_TRACE) or (
+                    flip and mode in (_table.MODE_GAE, _table.MODE_VTRACE))
             c["PIPE"] = pipe
+            # (FLIP without PIPE was 3.3x slower: ptxas then sinks each step's loads to
+            # its use in the scan's chain, where PIPE's carried loads cannot move)
+            c["FLIP"] = reverse and pipe and flip and tune.flip
         if phase == 4:
             # measured on the H100 (docs/notes.md, "Time-major tiles without bounds"): the
             # look-back's one chunk per program 1.25-1.5x faster at 4096x128 time-major

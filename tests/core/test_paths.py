@@ -252,15 +252,15 @@ def test_time_major_tiles_of_the_sweep(name, tile, device, gen, monkeypatch, tun
                                   "linear_recurrence_fwd"])
 def test_time_major_loops_build_the_next_chunk_first(name, seg, gen, monkeypatch, tuned):
     """PIPE (the next chunk's coefficients built before this chunk's scan and stores, in
-    the time-major loops over chunks) gives the reference's numbers, in one pass and in
-    segments (PHASE 1 and 2), where the plan takes it and where forced; the launches are
-    checked to have taken it."""
+    the time-major loops over chunks; with FLIP in the reverse scans) gives the
+    reference's numbers, in one pass and in segments (PHASE 1 and 2), where the plan
+    takes it and where forced; the launches are checked to have taken it."""
     import os
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter only on the CPU")
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
-    if name in ("gae", "vtrace", "retrace", "linear_recurrence_fwd"):
+    if name in ("retrace", "linear_recurrence_fwd"):
         tuned(pipe=True)  # not the plan's choice for these modes
     tuned(cached_launch=False)
     tuned(segment_len=seg)
@@ -272,6 +272,10 @@ def test_time_major_loops_build_the_next_chunk_first(name, seg, gen, monkeypatch
     _check(fn(*args, **kw), rfn(*args, **kw), 1e-5)
     loops = [c for c in seen if c["PHASE"] in (0, 1, 2)]
     assert loops and all(c["PIPE"] and c["SCALAR_N"] for c in loops), seen
+    # the reverse scans' chunks loaded latest step first (one warp a program)
+    assert all(c["FLIP"] == c["REVERSE"] for c in loops), seen
+    assert any(c["FLIP"] for c in loops) == (name not in (
+        "episodic_cumsum", "eligibility_traces", "linear_recurrence_fwd")), seen
     if seg is not None:
         assert {c["PHASE"] for c in seen} == {1, 2, 3}, seen
 
