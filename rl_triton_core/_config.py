@@ -43,6 +43,11 @@ class Tuning:
         middle_elems: the middle pass's tile (streams x maps per step).
         tm_steps: steps per thread and chunk of the time-major (thread-per-stream) tiles
             (at least 16).
+        tm_few: time-major data of fewer than 32 streams in one-warp tiles of a stream a
+            lane, the lanes left over along time (each its own ``tm_steps`` consecutive
+            steps), so each thread scans its steps in registers and only the lanes' maps
+            cross lanes; False: the tile of up to 32 streams x 128 steps over 8 warps,
+            whose scan crosses threads at every step (off until measured on a GPU).
         prefetch: CUDA: ask L2 for the inputs of the chunk this many ahead at the top of
             each chunk of the loop over chunks (0: off; sweeps: measured mixed on the
             H100, docs/notes.md).
@@ -85,6 +90,7 @@ class Tuning:
     look_window: int = 16
     middle_elems: int = 2048
     tm_steps: int = 16
+    tm_few: bool = False
     prefetch: int = 0
     flip: bool = os.environ.get("RL_TRITON_CORE_FLIP", "1") == "1"
     even: bool = os.environ.get("RL_TRITON_CORE_EVEN", "1") == "1"

@@ -32,7 +32,11 @@ from rl_triton_core.scan import _launch
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 VARIANTS = {"default": {}, "s32": dict(tm_steps=32), "three": dict(look_back=False),
             "w4": dict(look_window=4), "w8": dict(look_window=8),
-            "lb32": dict(look_back=True, segment_len=32, tm_steps=32)}
+            "lb32": dict(look_back=True, segment_len=32, tm_steps=32),
+            # few time-major streams (N < 32): (BLOCK_N, BLOCK_T, num_warps) tiles
+            "t16x32w1": dict(tile=(16, 32, 1)), "t16x64w1": dict(tile=(16, 64, 1)),
+            "t16x128w2": dict(tile=(16, 128, 2)), "t16x128w4": dict(tile=(16, 128, 4)),
+            "t16x256w8": dict(tile=(16, 256, 8)), "few": dict(tm_few=True)}
 
 
 class _Sm90(CudaDriver):

@@ -441,7 +441,7 @@ def fused(layout: Layout, ins: dict, coefs: dict, raw: tuple, record=None):
         trunc, *s_trunc = layout.view3(ins["trunc"])
     time_contiguous = s_x[2] == 1 or T == 1
     block_n, block_t, _, S, num_warps, scalar_n, _ = _launch.plan(
-        N, T, time_contiguous, rewards.device, _table.MODE_RETRACE, 4, tune)
+        N, T, time_contiguous, rewards.device, _table.MODE_RETRACE, 4, tune, sub=False)
     if time_contiguous and tune.tile is None and T <= 1024:
         block_n, block_t, num_warps = _fused_tile(T)
     if not _fused_pays(N, T, block_n, block_t, S, num_warps, time_contiguous, tune):

@@ -177,6 +177,30 @@ def _column(h, cols, idx):
 
 
 @triton.jit
+def _sub_scan(alpha, beta, C: tl.constexpr, SUB: tl.constexpr):
+    """The scan of a time-major tile split along time: ``[BLOCK_N, C, SUB]``, the steps
+    in scan order along axis 1 within a sub-chunk and the SUB sub-chunks along axis 2
+    (Triton's layout puts the streams' vectors and then the sub-chunks on the lanes, and
+    each thread's C steps in its registers). Returns the maps (A, B) within each
+    sub-chunk, the map (ea, eb) ``[BLOCK_N, SUB]`` of the sub-chunks before each one (the
+    identity before the first) and the chunk's whole map (ga, gb) ``[BLOCK_N]``. Only the
+    SUB sub-chunk maps cross lanes. The selections add -0.0, the exact identity of
+    addition, so each picked value keeps its bits."""
+    A, B = tl.associative_scan((alpha, beta), 1, _combine)
+    last = tl.arange(0, C)[None, :, None] == C - 1
+    sa = tl.sum(tl.where(last, A, -0.0), axis=1)
+    sb = tl.sum(tl.where(last, B, -0.0), axis=1)
+    ia, ib = tl.associative_scan((sa, sb), 1, _combine)  # through each sub-chunk
+    w = tl.arange(0, SUB)[None, :]
+    prev = tl.maximum(w - 1, 0) + tl.zeros(ia.shape, tl.int32)  # the sub-chunk before
+    ea = tl.where(w == 0, -0.0, tl.gather(ia, prev, 1))
+    eb = tl.where(w == 0, 1.0, tl.gather(ib, prev, 1))
+    ga = tl.sum(tl.where(w == SUB - 1, ia, -0.0), axis=1)
+    gb = tl.sum(tl.where(w == SUB - 1, ib, -0.0), axis=1)
+    return A, B, ea, eb, ga, gb
+
+
+@triton.jit
 def _step(TERM, TRUNC, G, LM, g, lm, LO, STR, o1, o2, tt, m_flags, m_coef,
           UNIFORM: tl.constexpr, FP64: tl.constexpr):
     """(terminated, done, gamma, lambda) of step ``tt`` (t, or t-1 in the forward scans)."""
@@ -509,6 +533,7 @@ def scan_kernel(
     BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, LOOK_W: tl.constexpr,
     ONE: tl.constexpr = False, I64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
     FLIP: tl.constexpr = False, EVEN: tl.constexpr = False, PIPE: tl.constexpr = False,
+    SUB: tl.constexpr = 1,
 ):
     """OUT0 (and OUT1, None for one output) = the scan of MODE over [N1, N2, T].
 
@@ -521,7 +546,12 @@ def scan_kernel(
     ONE: each program's streams fit one chunk (PHASE 0, BLOCK_T >= T): no carry leaves
     the chunk, so no reduction extracts it. I64: element offsets in int64; else int32
     (every offset, the last chunk's overshoot included, fits: half the address work).
+    SUB > 1 (time-major, a stream a lane, fewer streams than lanes: ``Tuning.tm_few``): a
+    chunk's BLOCK_T steps are split into SUB sub-chunks of BLOCK_T // SUB consecutive
+    steps on the lanes left over, a [BLOCK_N, BLOCK_T // SUB, SUB] tile (``_sub_scan``):
+    each thread scans its steps in registers and only the sub-chunks' maps cross lanes.
     """
+    tl.static_assert(SUB == 1 or (PREFETCH == 0 and not PIPE))
     if PHASE == 4:
         # segments in ticket order (the look-back waits only on started programs)
         ctr = (WS + 3 * S * N).to(tl.pointer_type(tl.int32)) + tl.cdiv(N, BLOCK_N) * S
@@ -559,10 +589,19 @@ def scan_kernel(
         nf = tl.max_contiguous(tl.multiple_of(n * UNIT, 1), 2)
     else:
         nf = n
-    o1 = n1[:, None]
-    o2 = n2[:, None]
-    nm2 = nmask[:, None]
     cols = tl.arange(0, BLOCK_T)[None, :]
+    if SUB > 1:
+        o1 = n1[:, None, None]
+        o2 = n2[:, None, None]
+        nm2 = nmask[:, None, None]
+        # each step's place in scan order: sub-chunk w, step c within it
+        pos = (tl.arange(0, SUB)[None, None, :] * (BLOCK_T // SUB)
+               + tl.arange(0, BLOCK_T // SUB)[None, :, None])
+    else:
+        o1 = n1[:, None]
+        o2 = n2[:, None]
+        nm2 = nmask[:, None]
+        pos = cols
     if FP64:
         zero = tl.zeros([BLOCK_N], dtype=tl.float64)
     else:
@@ -586,7 +625,7 @@ def scan_kernel(
                 s_idx = (n_sc - 1 - kk) * BLOCK_S + (BLOCK_S - 1 - s_cols)
             else:
                 s_idx = kk * BLOCK_S + s_cols
-            sm = nm2 & (s_idx < S)
+            sm = nmask[:, None] & (s_idx < S)
             w_off = s_idx.to(tl.int64) * N + nf[:, None]
             wa = tl.load(WS + w_off, mask=sm, other=0.0).to(zero.dtype)
             wb = tl.load(WS + S * N + w_off, mask=sm, other=1.0).to(zero.dtype)
@@ -615,10 +654,14 @@ def scan_kernel(
 
         carry_seg = carry
         # V'_{T-1} of the shifted form: one value per stream, read once
-        boot = zero[:, None]
+        boot = zero
         if BOOT is not None:
             boot = tl.load(BOOT + _offset_notime(K_BOOT, STR, n1, n2, N2, UNIFORM), mask=nmask,
-                           other=0).to(zero.dtype)[:, None]
+                           other=0).to(zero.dtype)
+        if SUB > 1:  # (the tile's shape, with or without a bootstrap value)
+            boot = boot[:, None, None]
+        else:
+            boot = boot[:, None]
         so1, so2, sot = STR[0], STR[1], STR[2]  # the outputs' (slot 0 in either form)
         if ONE:
             n_chunks = 1
@@ -641,7 +684,12 @@ def scan_kernel(
                 k = n_chunks - 1 - kk
             else:
                 k = kk
-            if FLIP:
+            if SUB > 1:  # the steps in scan order (the latest first in reverse)
+                if REVERSE:
+                    t = t_lo + k * BLOCK_T + (BLOCK_T - 1 - pos)
+                else:
+                    t = t_lo + k * BLOCK_T + pos
+            elif FLIP:
                 # a reverse scan held in one thread (time-major): the tile's columns in
                 # scan order (the latest step first), so the scan runs forward; Triton's
                 # reverse scan would swap every value across the warp twice (2 x BLOCK_T
@@ -652,7 +700,7 @@ def scan_kernel(
             if I64:
                 t = t.to(tl.int64)
             if EVEN:
-                m = tl.full([BLOCK_N, BLOCK_T], 1, tl.int1)
+                m = tl.full(t.shape, 1, tl.int1) & nm2
             else:
                 m = nm2 & (t < t_hi)
             if PREFETCH > 0:
@@ -692,20 +740,30 @@ def scan_kernel(
                     STR, o1, o2, t, m, T, MODE, REVERSE, UNIFORM, FP64)
             alpha = tl.where(m, alpha, 0.0)
             beta = tl.where(m, beta, 1.0)
-            A, B = tl.associative_scan((alpha, beta), 1, _combine, reverse=REVERSE and not FLIP)
-            if REVERSE and not FLIP:
-                edge = 0
+            if SUB > 1:
+                A, B, ea, eb, agg_a, agg_b = _sub_scan(alpha, beta, BLOCK_T // SUB, SUB)
             else:
-                edge = BLOCK_T - 1
+                A, B = tl.associative_scan((alpha, beta), 1, _combine,
+                                           reverse=REVERSE and not FLIP)
+                if REVERSE and not FLIP:
+                    edge = 0
+                else:
+                    edge = BLOCK_T - 1
+                agg_a = _column(A, cols, edge)
+                agg_b = _column(B, cols, edge)
             if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
-                carry = _look_back(WS, _column(A, cols, edge), _column(B, cols, edge), carry,
-                                   n, nf, nmask, pid_n, pid_s, N, S, REVERSE, LOOK_W)
+                carry = _look_back(WS, agg_a, agg_b, carry, n, nf, nmask, pid_n, pid_s, N, S,
+                                   REVERSE, LOOK_W)
                 carry_seg = carry
             if PHASE == 1:
-                carry_a, carry_b = _combine(carry_a, carry_b, _column(A, cols, edge),
-                                            _column(B, cols, edge))
+                carry_a, carry_b = _combine(carry_a, carry_b, agg_a, agg_b)
             else:
-                h = _apply(A, B, carry[:, None])
+                if SUB > 1:  # the carry entering each sub-chunk, then its steps
+                    h = _apply(A, B, _apply(ea, eb, carry[:, None])[:, None, :])
+                    cs = carry_seg[:, None, None]
+                else:
+                    h = _apply(A, B, carry[:, None])
+                    cs = carry_seg[:, None]
                 p_out = o1 * so1 + o2 * so2 + t * sot
                 if MODE == VTRACE:
                     # pg_t needs vs_{t+1}: stored by this program (this chunk, or the one after
@@ -714,7 +772,7 @@ def scan_kernel(
                     tl.debug_barrier()
                     m_in = m & cont & (t + 1 < t_hi)
                     vs_next = tl.load(OUT0 + p_out + sot, mask=m_in, other=0.0).to(h.dtype)
-                    vs_next = tl.where(t + 1 == t_hi, vnext + carry_seg[:, None], vs_next)
+                    vs_next = tl.where(t + 1 == t_hi, vnext + cs, vs_next)
                     pg = p0 + tl.where(cont, p1 * vs_next, 0.0)
                     tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
                 elif MODE == RETRACE:
@@ -728,7 +786,7 @@ def scan_kernel(
                         tl.debug_barrier()
                         r_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
                                          other=0.0).to(h.dtype)
-                        r_prev = tl.where(t == t_lo, cont * carry_seg[:, None] + extra, r_prev)
+                        r_prev = tl.where(t == t_lo, cont * cs + extra, r_prev)
                         g_val = v - g_r + tl.where(cut, 0.0, vnext * r_prev)
                         tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
                 elif MODE == GAE_BWD or MODE == TD_BWD:
@@ -739,7 +797,7 @@ def scan_kernel(
                         tl.debug_barrier()
                         u_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
                                          other=0.0).to(h.dtype)
-                        u_prev = tl.where(t == t_lo, carry_seg[:, None], u_prev)
+                        u_prev = tl.where(t == t_lo, cs, u_prev)
                         g_val = tl.where(cut, 0.0, p1 * u_prev)
                         if MODE == GAE_BWD:
                             g_val = g_val + v - h
@@ -751,7 +809,10 @@ def scan_kernel(
                 else:
                     tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
                 if not ONE:
-                    carry = _column(h, cols, edge)
+                    if SUB > 1:
+                        carry = _apply(agg_a, agg_b, carry)
+                    else:
+                        carry = _column(h, cols, edge)
 
         if PHASE == 1:
             w_off = pid_s.to(tl.int64) * N + n

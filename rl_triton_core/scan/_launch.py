@@ -68,7 +68,7 @@ def _segments(N: int, T: int, block_n: int, block_t: int, device, tune: Tuning,
 
 
 def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_GAE,
-         elem_bytes: int = 4, tune: Tuning | None = None):
+         elem_bytes: int = 4, tune: Tuning | None = None, sub: bool = True):
     """Tile shape, warps and time segmentation:
     (BLOCK_N, BLOCK_T, SEG_LEN, S, num_warps, SCALAR_N, STAGES).
 
@@ -131,6 +131,12 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
         # thread per stream from one warp of streams: with the middle pass, also for
         # many time segments (256x16384 GAE 148 -> 68 us, docs/bench/*-s4-tm-sweep.md)
         scalar_n = N >= 32
+        lanes = min(32 // np2, max(1, tp // block_t))  # (no more lanes than steps fill)
+        if not scalar_n and tune.tm_few and sub and lanes > 1:
+            # fewer streams than lanes: a stream per lane still, and the lanes left over
+            # along time, each with its own tm_steps consecutive steps (sub_lanes)
+            scalar_n = True
+            block_n, block_t = 32 // lanes, lanes * block_t
         if not scalar_n:
             block_n = max(2, min(np2, 32))
             block_t = max(16, min(tp, 4096 // block_n))
@@ -144,6 +150,12 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
         block_t = max(16, min(block_t, tune.segment_len))
     seg, S = _segments(N, T, block_n, block_t, device, tune, per_sm)
     return block_n, block_t, seg, S, num_warps, scalar_n, stages
+
+
+def sub_lanes(block_n: int, num_warps: int, scalar_n: bool) -> int:
+    """The scan kernel's SUB: in a time-major tile of one stream a lane with fewer
+    streams than lanes (``Tuning.tm_few``), the lanes along time, else 1."""
+    return 32 * num_warps // block_n if scalar_n and block_n < 32 * num_warps else 1
 
 
 def use_look_back(N: int, T: int, block_n: int, block_t: int, device,
@@ -237,12 +249,13 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
     time_contiguous = (x_time if x_time != 0 else strides["out"][2]) == 1 or T == 1
     block_n, block_t, seg, S, num_warps, scalar_n, stages = plan(
         N, T, time_contiguous, device, mode, out0.element_size(), tune)
+    sub = sub_lanes(block_n, num_warps, scalar_n)
     consts = dict(MODE=mode, REVERSE=reverse, UNIFORM=uniform, FP64=fp64, SCALAR_N=scalar_n,
                   BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_S=2, STAGES=stages,
                   LOOK_W=tune.look_window, ONE=S == 1 and block_t >= T,
                   PREFETCH=tune.prefetch if device.type == "cuda" and not torch.version.hip
-                  else 0,  # (inline PTX)
-                  FLIP=False, EVEN=False, PIPE=False,
+                  and sub == 1 else 0,  # (inline PTX)
+                  FLIP=False, EVEN=False, PIPE=False, SUB=sub,
                   I64=tune.wide_index or _reach(strides, sizes3, block_n, block_t) >= 2**31)
     grid = (triton.cdiv(N, block_n), S)
     ws_spec = None
@@ -266,7 +279,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
     launched = []
     for phase in phases:
         c = {**consts, "PHASE": phase}
-        if phase in (0, 1, 2) and scalar_n and not c["ONE"]:
+        if phase in (0, 1, 2) and scalar_n and not c["ONE"] and sub == 1:
             # measured on the H100 (docs/notes.md, "The next chunk's loads first" and "The
             # loops' reverse scans held in one thread"): the next chunk's loads first,
             # TD(lambda) 0.53-0.83x, traces 0.92-1.0x; with the reverse scans' chunks
