@@ -35,6 +35,8 @@ VARIANTS = {
     "pipe": dict(pipe=True), "nopipe": dict(pipe=False),
     "pps4": dict(programs_per_sm=4), "pps16": dict(programs_per_sm=16),
     "few": dict(tm_few=True), "few32": dict(tm_few=True, tm_steps=32),
+    # no time split (each program walks all of T)
+    "pps0": dict(programs_per_sm=0), "pps0s32": dict(programs_per_sm=0, tm_steps=32),
     "lb": dict(look_back=True), "lb3": dict(look_back=False),
     "lbw64s": dict(look_back=True, look_window=64, segment_len=2048),
 }
