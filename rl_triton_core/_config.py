@@ -53,8 +53,9 @@ class Tuning:
             H100, docs/notes.md).
         flip: time-major reverse scans load each chunk latest step first and scan
             forward (no cross-warp reversal of every value), in the look-back and in the
-            one-warp loops over chunks that build the next chunk first (``pipe``); False:
-            Triton's reverse scan (``RL_TRITON_CORE_FLIP=0``).
+            loops over chunks that build the next chunk first (``pipe``) on one warp a
+            program (V-trace also on two); False: Triton's reverse scan
+            (``RL_TRITON_CORE_FLIP=0``).
         even: the look-back's time-major tiles without bounds where every stream block is
             full and T a whole number of chunks (``RL_TRITON_CORE_EVEN=0``: bounded).
         pipe: the time-major loops over chunks build the next chunk's coefficients (its

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 
 import torch
-
 import triton
 from triton import knobs  # noqa: F401 (the launch hooks _dispatch reads)
 
@@ -86,7 +85,9 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
     contiguous): one thread per stream (SCALAR_N), each holding BLOCK_T steps, so
     a warp's loads are one coalesced row per step and the scan is sequential in
     registers -- unless there are fewer streams than a warp has threads: there,
-    up to 32 streams x 128 steps over 8 warps.
+    up to 32 streams x 128 steps over 8 warps (with ``Tuning.tm_few``, still a stream a
+    lane, and the lanes left over along time, each with its own consecutive steps;
+    ``sub=False``: not that tile, for the fused actions' kernel, which has no such form).
     When the tiles cannot fill the GPU (few streams), time is split into
     segments of whole chunks: two passes over the inputs, one over the outputs,
     and between them one small pass over the segments' maps.
@@ -280,8 +281,8 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
     for phase in phases:
         c = {**consts, "PHASE": phase}
         if phase in (0, 1, 2) and scalar_n and not c["ONE"] and sub == 1:
-            # measured on the H100 (docs/notes.md, "The next chunk's loads first" and "The
-            # loops' reverse scans held in one thread"): the next chunk's loads first,
+            # measured on the H100 (docs/notes.md, "The next chunk's loads first" and
+            # "Time-major: lanes along time ..."): the next chunk's loads first,
             # TD(lambda) 0.53-0.83x, traces 0.92-1.0x; with the reverse scans' chunks
             # loaded latest step first (FLIP) on one warp a program, GAE 0.58-0.77x,
             # V-trace 0.75-0.90x, TD(lambda) 0.65-0.75x. On two warps (65536 streams and

@@ -1,10 +1,10 @@
 """Time-major data of fewer than 32 streams with the lanes left over along time
-(``Tuning.tm_few``: the scan kernel's SUB > 1, ``_sub_scan``): outputs and gradients against autograd through the
-float64 reference, in each plan that can take them -- one pass over chunks (PHASE 0),
-three launches (PHASE 1, 3, 2) and the look-back (PHASE 4, bounded and, with every
-stream block full and T whole chunks, without bounds) -- and in float32 and float16
-against the reference's float64 outputs. The interpreter runs it on CPU tensors; on a
-GPU the same tests run the compiled kernel."""
+(``Tuning.tm_few``: the scan kernel's SUB > 1, ``_sub_scan``): outputs and gradients
+against autograd through the float64 reference, in each plan that can take them -- one
+pass over chunks (PHASE 0), three launches (PHASE 1, 3, 2) and the look-back (PHASE 4,
+bounded and, with every stream block full and T whole chunks, without bounds) -- and in
+float32 and float16 against the reference's float64 outputs. The interpreter runs it on
+CPU tensors; on a GPU the same tests run the compiled kernel."""
 
 import os
 
