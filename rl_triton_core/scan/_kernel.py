@@ -667,13 +667,25 @@ def scan_kernel(
             n_chunks = 1
         else:
             n_chunks = tl.cdiv(t_hi - t_lo, BLOCK_T)
-        if PIPE:  # the first chunk's coefficients (in scan order), carried into the loop
-            if REVERSE and FLIP:
-                t0 = t_lo + (n_chunks - 1) * BLOCK_T + (BLOCK_T - 1 - cols)
-            elif REVERSE:
-                t0 = t_lo + (n_chunks - 1) * BLOCK_T + cols
+        # each step's place in its chunk, in the tile's order (scan order where FLIP or SUB)
+        if SUB > 1:  # (the latest first in reverse)
+            if REVERSE:
+                steps = BLOCK_T - 1 - pos
             else:
-                t0 = t_lo + cols
+                steps = pos
+        elif FLIP:
+            # a reverse scan held in one thread (time-major): the tile's columns in scan
+            # order (the latest step first), so the scan runs forward; Triton's reverse
+            # scan would swap every value across the warp twice (2 x BLOCK_T shuffles of
+            # each of alpha and beta), although no step leaves the thread
+            steps = BLOCK_T - 1 - cols
+        else:
+            steps = cols
+        if PIPE:  # the first chunk's coefficients (in scan order), carried into the loop
+            if REVERSE:
+                t0 = t_lo + (n_chunks - 1) * BLOCK_T + steps
+            else:
+                t0 = t_lo + steps
             if I64:
                 t0 = t0.to(tl.int64)
             n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut = _build(
@@ -684,19 +696,7 @@ def scan_kernel(
                 k = n_chunks - 1 - kk
             else:
                 k = kk
-            if SUB > 1:  # the steps in scan order (the latest first in reverse)
-                if REVERSE:
-                    t = t_lo + k * BLOCK_T + (BLOCK_T - 1 - pos)
-                else:
-                    t = t_lo + k * BLOCK_T + pos
-            elif FLIP:
-                # a reverse scan held in one thread (time-major): the tile's columns in
-                # scan order (the latest step first), so the scan runs forward; Triton's
-                # reverse scan would swap every value across the warp twice (2 x BLOCK_T
-                # shuffles of each of alpha and beta), although no step leaves the thread
-                t = t_lo + k * BLOCK_T + (BLOCK_T - 1 - cols)
-            else:
-                t = t_lo + k * BLOCK_T + cols
+            t = t_lo + k * BLOCK_T + steps
             if I64:
                 t = t.to(tl.int64)
             if EVEN:
