@@ -110,8 +110,14 @@ class Tuning:
         for name, lo, pow2, what in (
                 ("prefetch", 0, False, "a whole number of chunks >= 0"),
                 ("small_tokens", 0, False, "a whole number of tokens >= 0"),
-                ("look_window", 2, True, "a power of two >= 2")):
+                ("look_window", 2, True, "a power of two >= 2"),
+                ("tm_steps", 16, True, "a power of two >= 16"),
+                ("segment_len", 16, True, "None or a power of two >= 16"),
+                ("middle_elems", 2, True, "a power of two >= 2"),
+                ("programs_per_sm", 0, False, "a whole number >= 0")):
             v = getattr(self, name)
+            if v is None and name == "segment_len":
+                continue
             if (isinstance(v, bool) or not isinstance(v, int) or v < lo
                     or (pow2 and v & (v - 1))):
                 raise ValueError(f"{name} must be {what}, got {v!r}")

@@ -26,7 +26,7 @@ VARIANTS = {
     "lb16": dict(look_back=True, segment_len=16),
     "lb32": dict(look_back=True, segment_len=32, tm_steps=32),
     "3l32": dict(look_back=False, programs_per_sm=32),
-    "pf1": dict(prefetch=1),
+    "pf1": dict(prefetch=1), "pf2": dict(prefetch=2),
     # the look-back's window (segments read at a time; the plan's is 16) and the middle
     # pass's tile (the plan's 2048 elements)
     "w4": dict(look_window=4), "w8": dict(look_window=8), "w32": dict(look_window=32),
