@@ -46,11 +46,13 @@ class Tuning:
         tm_few: time-major data of fewer than 32 streams in one-warp tiles of a stream a
             lane, the lanes left over along time (each its own ``tm_steps`` consecutive
             steps), so each thread scans its steps in registers and only the lanes' maps
-            cross lanes; False: the tile of up to 32 streams x 128 steps over 8 warps,
-            whose scan crosses threads at every step (off until measured on a GPU).
+            cross lanes: True wherever there are lanes left over, False never (the tile
+            of up to 32 streams x 128 steps over 8 warps, whose scan crosses threads at
+            every step), None where measured faster (up to 8 streams: 4 lanes or more).
         prefetch: CUDA: ask L2 for the inputs of the chunk this many ahead at the top of
-            each chunk of the loop over chunks (0: off; sweeps: measured mixed on the
-            H100, docs/notes.md).
+            each chunk of the loop over chunks (0: off); None: 2 where measured faster
+            (time-major programs of one warp that walk all of T: 16384x512 0.70-0.79x;
+            with time segments it was slower).
         flip: time-major reverse scans load each chunk latest step first and scan
             forward (no cross-warp reversal of every value), in the look-back and in the
             loops over chunks that build the next chunk first (``pipe``) on one warp a
@@ -92,8 +94,8 @@ class Tuning:
     look_window: int = 16
     middle_elems: int = 2048
     tm_steps: int = 16
-    tm_few: bool = False
-    prefetch: int = 0
+    tm_few: bool | None = None
+    prefetch: int | None = None
     flip: bool = os.environ.get("RL_TRITON_CORE_FLIP", "1") == "1"
     even: bool = os.environ.get("RL_TRITON_CORE_EVEN", "1") == "1"
     pipe: bool | None = {"1": True, "0": False}.get(os.environ.get("RL_TRITON_CORE_PIPE", ""))
@@ -108,7 +110,7 @@ class Tuning:
     def __post_init__(self):
         # (name, lowest, power of two, what the message says)
         for name, lo, pow2, what in (
-                ("prefetch", 0, False, "a whole number of chunks >= 0"),
+                ("prefetch", 0, False, "None or a whole number of chunks >= 0"),
                 ("small_tokens", 0, False, "a whole number of tokens >= 0"),
                 ("look_window", 2, True, "a power of two >= 2"),
                 ("tm_steps", 16, True, "a power of two >= 16"),
@@ -116,7 +118,7 @@ class Tuning:
                 ("middle_elems", 2, True, "a power of two >= 2"),
                 ("programs_per_sm", 0, False, "a whole number >= 0")):
             v = getattr(self, name)
-            if v is None and name == "segment_len":
+            if v is None and name in ("segment_len", "prefetch"):
                 continue
             if (isinstance(v, bool) or not isinstance(v, int) or v < lo
                     or (pow2 and v & (v - 1))):

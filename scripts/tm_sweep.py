@@ -26,7 +26,8 @@ VARIANTS = {
     "lb16": dict(look_back=True, segment_len=16),
     "lb32": dict(look_back=True, segment_len=32, tm_steps=32),
     "3l32": dict(look_back=False, programs_per_sm=32),
-    "pf1": dict(prefetch=1), "pf2": dict(prefetch=2),
+    "pf0": dict(prefetch=0), "pf1": dict(prefetch=1), "pf2": dict(prefetch=2),
+    "pf3": dict(prefetch=3), "pf4": dict(prefetch=4),
     # the look-back's window (segments read at a time; the plan's is 16) and the middle
     # pass's tile (the plan's 2048 elements)
     "w4": dict(look_window=4), "w8": dict(look_window=8), "w32": dict(look_window=32),
@@ -34,7 +35,7 @@ VARIANTS = {
     "mid8k": dict(middle_elems=8192),
     "pipe": dict(pipe=True), "nopipe": dict(pipe=False),
     "pps4": dict(programs_per_sm=4), "pps16": dict(programs_per_sm=16),
-    "few": dict(tm_few=True), "few32": dict(tm_few=True, tm_steps=32),
+    "few": dict(tm_few=True), "nofew": dict(tm_few=False), "few32": dict(tm_few=True, tm_steps=32),
     # no time split (each program walks all of T)
     "pps0": dict(programs_per_sm=0), "pps0s32": dict(programs_per_sm=0, tm_steps=32),
     "lb": dict(look_back=True), "lb3": dict(look_back=False),

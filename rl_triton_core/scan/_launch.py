@@ -133,11 +133,21 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
         # many time segments (256x16384 GAE 148 -> 68 us, docs/bench/*-s4-tm-sweep.md)
         scalar_n = N >= 32
         lanes = min(32 // np2, max(1, tp // block_t))  # (no more lanes than steps fill)
-        if not scalar_n and tune.tm_few and sub and lanes > 1:
+        few = lanes >= 4 if tune.tm_few is None else tune.tm_few
+        if not scalar_n and few and sub and lanes > 1:
             # fewer streams than lanes: a stream per lane still, and the lanes left over
-            # along time, each with its own tm_steps consecutive steps (sub_lanes)
+            # along time, each with its own tm_steps consecutive steps (sub_lanes).
+            # Measured on the H100 (docs/notes.md, "Few time-major streams ..."): 2-8
+            # streams 0.68-0.84x; 16 streams (2 lanes) 1.3-2.7x slower, so not there
             scalar_n = True
             block_n, block_t = 32 // lanes, lanes * block_t
+        if (scalar_n and mode == _table.MODE_TRACE and tp <= 8 * block_t
+                and tune.segment_len is None):
+            # traces and episodic sums of up to 8 chunks: no time split (each program
+            # walks its streams' few chunks with the next one's loads in flight), where
+            # the look-back's fixed cost was more (H100: 4096x128 6.5 -> 4.8 us, 512x128
+            # 5.3 -> 4.6; the other modes were 1.35-1.7x slower so)
+            per_sm = 0
         if not scalar_n:
             block_n = max(2, min(np2, 32))
             block_t = max(16, min(tp, 4096 // block_n))
@@ -157,6 +167,17 @@ def sub_lanes(block_n: int, num_warps: int, scalar_n: bool) -> int:
     """The scan kernel's SUB: in a time-major tile of one stream a lane with fewer
     streams than lanes (``Tuning.tm_few``), the lanes along time, else 1."""
     return 32 * num_warps // block_n if scalar_n and block_n < 32 * num_warps else 1
+
+
+def _prefetch(tune: Tuning, scalar_n: bool, S: int, num_warps: int, T: int,
+              block_t: int) -> int:
+    """The L2 prefetch distance in chunks (the kernel's PREFETCH): the tuning's, else 2
+    for time-major programs of one warp that walk all of T in more than 8 chunks.
+    Measured on the H100 (docs/notes.md, "The L2 prefetch two chunks ahead"): 16384x512
+    0.70-0.79x; with time segments (1024x4096, 512x4096) 0.93-1.44x, so not there."""
+    if tune.prefetch is not None:
+        return tune.prefetch
+    return 2 if scalar_n and S == 1 and num_warps == 1 and T > 8 * block_t else 0
 
 
 def use_look_back(N: int, T: int, block_n: int, block_t: int, device,
@@ -254,8 +275,9 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
     consts = dict(MODE=mode, REVERSE=reverse, UNIFORM=uniform, FP64=fp64, SCALAR_N=scalar_n,
                   BLOCK_N=block_n, BLOCK_T=block_t, BLOCK_S=2, STAGES=stages,
                   LOOK_W=tune.look_window, ONE=S == 1 and block_t >= T,
-                  PREFETCH=tune.prefetch if device.type == "cuda" and not torch.version.hip
-                  and sub == 1 else 0,  # (inline PTX)
+                  PREFETCH=_prefetch(tune, scalar_n, S, num_warps, T, block_t)
+                  if device.type == "cuda" and not torch.version.hip and sub == 1
+                  else 0,  # (inline PTX)
                   FLIP=False, EVEN=False, PIPE=False, SUB=sub,
                   I64=tune.wide_index or _reach(strides, sizes3, block_n, block_t) >= 2**31)
     grid = (triton.cdiv(N, block_n), S)

@@ -163,6 +163,22 @@ def test_plan_rules(monkeypatch, tuned):
     assert p[5] and p[3] > 64
     p = plan(16, 131072, False)
     assert not p[5] and p[:2] == (16, 256)
+    # up to 8 time-major streams: a stream a lane, 4 lanes or more along time (H100)
+    assert plan(8, 16384, False)[:2] + plan(8, 16384, False)[4:6] == (8, 64, 1, True)
+    assert plan(2, 65536, False)[:2] == (2, 256) and plan(2, 65536, False)[5]
+    # time-major traces of up to 8 chunks walk all of T (the other modes split it)
+    assert plan(4096, 128, False, _table.MODE_TRACE)[3] == 1
+    assert plan(512, 128, False, _table.MODE_TRACE)[3] == 1
+    assert plan(4096, 128, False)[3] > 1 and plan(256, 1024, False, _table.MODE_TRACE)[3] > 1
+    # the L2 prefetch two chunks ahead: one-warp time-major programs over more than 8
+    # chunks and no time split (16384x512), nowhere else
+    t = rc.current_tuning()
+    assert _launch._prefetch(t, True, 1, 1, 512, 16) == 2
+    assert _launch._prefetch(t, True, 1, 1, 128, 16) == 0  # (8 chunks)
+    assert _launch._prefetch(t, True, 4, 1, 4096, 16) == 0  # (time segments)
+    assert _launch._prefetch(t, True, 1, 2, 1024, 16) == 0  # (two warps: not measured)
+    assert _launch._prefetch(t, False, 1, 8, 4096, 128) == 0  # (batch-major)
+    assert _launch._prefetch(t.replace(prefetch=1), True, 4, 1, 4096, 16) == 1
     # segmented plans: one look-back launch up to ~8 programs per SM, else three launches
     tuned(look_back=None)
     for (N, T, bm), want in {(4096, 128, False): True, (512, 128, False): True,

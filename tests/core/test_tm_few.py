@@ -183,11 +183,21 @@ def test_tm_few_non_finite(plan, device, backend, tuned, gen):
         torch.testing.assert_close(o.cpu(), w, rtol=1e-9, atol=1e-9, equal_nan=True)
 
 
-def test_tm_few_is_off_by_default_and_leaves_32_streams_alone(monkeypatch, tuned):
-    """Off: the few-stream tile keeps its 8-warp form; on, 32 streams or more keep the
-    one-lane-a-stream tile (SUB 1)."""
+def test_tm_few_default_takes_four_lanes_or_more_and_leaves_32_streams_alone(monkeypatch,
+                                                                            tuned):
+    """By default (``tm_few=None``) the few-stream tile of a stream a lane is taken where
+    it leaves 4 lanes or more along time (up to 8 streams), and not for 9-31 streams
+    (2 lanes: the 8-warp tile); forced on, it takes 9-31 streams too; 32 streams or more
+    keep the one-lane-a-stream tile (SUB 1) either way."""
     dev = torch.device("cpu")
     assert _launch.plan(12, 75, False, dev)[4] != 1  # (several warps along time)
+    bn, bt, _, _, warps, scalar, _ = _launch.plan(8, 75, False, dev)
+    assert (bn, bt, warps, scalar) == (8, 64, 1, True)  # 4 lanes of 16 steps a stream
+    assert _launch.sub_lanes(bn, warps, scalar) == 4
+    bn, bt, _, _, warps, scalar, _ = _launch.plan(3, 1000, False, dev)
+    assert (bn, bt, scalar) == (4, 128, True) and _launch.sub_lanes(bn, warps, scalar) == 8
+    tuned(tm_few=False)
+    assert not _launch.plan(8, 75, False, dev)[5]
     tuned(tm_few=True)
     bn, bt, _, _, warps, scalar, _ = _launch.plan(12, 75, False, dev)
     assert (bn, bt, warps, scalar) == (16, 32, 1, True)  # 2 lanes of 16 steps a stream
