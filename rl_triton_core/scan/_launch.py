@@ -133,14 +133,18 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
         # many time segments (256x16384 GAE 148 -> 68 us, docs/bench/*-s4-tm-sweep.md)
         scalar_n = N >= 32
         lanes = min(32 // np2, max(1, tp // block_t))  # (no more lanes than steps fill)
-        few = lanes >= 4 if tune.tm_few is None else tune.tm_few
-        if not scalar_n and few and sub and lanes > 1:
+        if not scalar_n and sub and lanes > 1 and tune.tm_few is not False:
             # fewer streams than lanes: a stream per lane still, and the lanes left over
             # along time, each with its own tm_steps consecutive steps (sub_lanes).
             # Measured on the H100 (docs/notes.md, "Few time-major streams ..."): 2-8
-            # streams 0.68-0.84x; 16 streams (2 lanes) 1.3-2.7x slower, so not there
-            scalar_n = True
-            block_n, block_t = 32 // lanes, lanes * block_t
+            # streams where each time segment is one chunk (8x16384, 2x65536) 0.68-0.84x;
+            # 16 streams (2 lanes), and segments of several chunks (8x131072, 4x262144:
+            # the loop has no next-chunk loads in flight here), 2.0-2.7x slower
+            few_n, few_t = 32 // lanes, lanes * block_t
+            seg, S = _segments(N, T, few_n, few_t, device, tune, per_sm)
+            if tune.tm_few or (lanes >= 4 and (S == 1 or seg == few_t)):
+                scalar_n = True
+                block_n, block_t = few_n, few_t
         if (scalar_n and mode == _table.MODE_TRACE and tp <= 8 * block_t
                 and tune.segment_len is None):
             # traces and episodic sums of up to 8 chunks: no time split (each program
@@ -159,6 +163,8 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
         per_sm = tune.tile[5] if len(tune.tile) > 5 else per_sm
     if tune.segment_len is not None:
         block_t = max(16, min(block_t, tune.segment_len))
+        if scalar_n:  # (a step a lane at least where streams leave lanes along time)
+            block_t = max(block_t, 32 * num_warps // block_n)
     seg, S = _segments(N, T, block_n, block_t, device, tune, per_sm)
     return block_n, block_t, seg, S, num_warps, scalar_n, stages
 

@@ -166,6 +166,8 @@ def test_plan_rules(monkeypatch, tuned):
     # up to 8 time-major streams: a stream a lane, 4 lanes or more along time (H100)
     assert plan(8, 16384, False)[:2] + plan(8, 16384, False)[4:6] == (8, 64, 1, True)
     assert plan(2, 65536, False)[:2] == (2, 256) and plan(2, 65536, False)[5]
+    # ... where each time segment is one chunk: not 8x131072 (4 chunks a segment)
+    assert not plan(8, 131072, False)[5] and not plan(4, 262144, False)[5]
     # time-major traces of up to 8 chunks walk all of T (the other modes split it)
     assert plan(4096, 128, False, _table.MODE_TRACE)[3] == 1
     assert plan(512, 128, False, _table.MODE_TRACE)[3] == 1

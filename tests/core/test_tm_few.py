@@ -204,3 +204,19 @@ def test_tm_few_default_takes_four_lanes_or_more_and_leaves_32_streams_alone(mon
     assert _launch.sub_lanes(bn, warps, scalar) == 2
     bn, bt, _, _, warps, scalar, _ = _launch.plan(40, 75, False, dev)
     assert bn == 32 and _launch.sub_lanes(bn, warps, scalar) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tm_few_one_stream_in_short_segments(device, backend, tuned, gen):
+    """One time-major stream (a strided view) of 600 steps leaves 32 lanes along time; in
+    segments shorter than that (``segment_len=16``) each lane still takes a step or more
+    (a 16-step chunk over 32 lanes did not compile), and the outputs match the reference."""
+    tuned(segment_len=16, look_back=False)
+    T = 600
+    r, v = (torch.randn(T, 2, generator=gen)[:, :1] for _ in range(2))
+    te, tr = (torch.rand(T, 1, generator=gen) < p for p in (0.02, 0.01))
+    got = rc.gae(r.to(device), v.to(device), te.to(device), tr.to(device), gamma=0.97,
+                 lmbda=0.9, time_dim=0)
+    want = ref.gae(r.double(), v.double(), te, tr, gamma=0.97, lmbda=0.9, time_dim=0)
+    for o, w in zip(got, want):
+        torch.testing.assert_close(o.cpu().double(), w, rtol=1e-5, atol=1e-5)
