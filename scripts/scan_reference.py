@@ -42,9 +42,9 @@ def main(shapes):
         x = torch.randn(shape, device="cuda")
         d = torch.rand(shape, device="cuda") < 0.02
         copy = gtime(make_floor([x], [], [], 1, shape, torch.float32))
-        cum = gtime(lambda: torch.cumsum(x, dim))
+        cum = gtime(lambda x=x, dim=dim: torch.cumsum(x, dim))
         floor = gtime(make_floor([x, d], [], [], 1, shape, torch.float32))
-        ours = gtime(lambda: rc.episodic_cumsum(x, d, time_dim=dim))
+        ours = gtime(lambda x=x, d=d, dim=dim: rc.episodic_cumsum(x, d, time_dim=dim))
         print(f"{s}: copy {copy:.1f} us, torch.cumsum {cum:.1f} ({cum / copy:.2f}x copy); "
               f"floor {floor:.1f}, episodic_cumsum {ours:.1f} ({ours / floor:.2f}x floor)",
               flush=True)
