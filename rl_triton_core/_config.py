@@ -61,10 +61,11 @@ class Tuning:
         even: the look-back's time-major tiles without bounds where every stream block is
             full and T a whole number of chunks (``RL_TRITON_CORE_EVEN=0``: bounded).
         pipe: the time-major loops over chunks build the next chunk's coefficients (its
-            loads) before this chunk's scan and stores: True everywhere, False nowhere,
-            None where measured faster (TD(lambda) and discounted returns, traces and
-            episodic sums; GAE and V-trace on one warp a program, V-trace also on two;
-            ``RL_TRITON_CORE_PIPE=1`` / ``=0``).
+            loads) before this chunk's scan and stores: True everywhere (the few-stream
+            tile of ``tm_few`` included), False nowhere, None where measured faster
+            (TD(lambda) and discounted returns, traces and episodic sums; GAE and
+            V-trace on one warp a program, V-trace also on two; not the few-stream
+            tile; ``RL_TRITON_CORE_PIPE=1`` / ``=0``).
         cpu_threads: threads of the CPU path (None: min(cores, 8)).
         cpu_plans: tests: record and replay cached launches for CPU tensors too (under
             the Triton interpreter), so the replay logic is checked without a GPU.

@@ -35,7 +35,8 @@ VARIANTS = {
     "mid8k": dict(middle_elems=8192),
     "pipe": dict(pipe=True), "nopipe": dict(pipe=False),
     "pps4": dict(programs_per_sm=4), "pps16": dict(programs_per_sm=16),
-    "few": dict(tm_few=True), "nofew": dict(tm_few=False), "few32": dict(tm_few=True, tm_steps=32),
+    "few": dict(tm_few=True), "nofew": dict(tm_few=False),
+    "fewpipe": dict(tm_few=True, pipe=True), "few32": dict(tm_few=True, tm_steps=32),
     # no time split (each program walks all of T)
     "pps0": dict(programs_per_sm=0), "pps0s32": dict(programs_per_sm=0, tm_steps=32),
     "lb": dict(look_back=True), "lb3": dict(look_back=False),

@@ -551,7 +551,7 @@ def scan_kernel(
     steps on the lanes left over, a [BLOCK_N, BLOCK_T // SUB, SUB] tile (``_sub_scan``):
     each thread scans its steps in registers and only the sub-chunks' maps cross lanes.
     """
-    tl.static_assert(SUB == 1 or (PREFETCH == 0 and not PIPE))
+    tl.static_assert(SUB == 1 or PREFETCH == 0)
     if PHASE == 4:
         # segments in ticket order (the look-back waits only on started programs)
         ctr = (WS + 3 * S * N).to(tl.pointer_type(tl.int32)) + tl.cdiv(N, BLOCK_N) * S

@@ -324,6 +324,10 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
             # (FLIP without PIPE was 3.3x slower: ptxas then sinks each step's loads to
             # its use in the scan's chain, where PIPE's carried loads cannot move)
             c["FLIP"] = reverse and pipe and flip and tune.flip
+        elif phase in (0, 1, 2) and sub > 1 and not c["ONE"] and tune.pipe:
+            # the few-stream tile (its steps already in scan order): the next chunk's
+            # loads first only where forced (pipe=True; not yet measured on a GPU)
+            c["PIPE"] = True
         if phase == 4:
             # measured on the H100 (docs/notes.md, "Time-major tiles without bounds"): the
             # look-back's one chunk per program 1.25-1.5x faster at 4096x128 time-major

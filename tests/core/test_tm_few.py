@@ -220,3 +220,39 @@ def test_tm_few_one_stream_in_short_segments(device, backend, tuned, gen):
     want = ref.gae(r.double(), v.double(), te, tr, gamma=0.97, lmbda=0.9, time_dim=0)
     for o, w in zip(got, want):
         torch.testing.assert_close(o.cpu().double(), w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["gae_shifted", "vtrace_shifted", "lambda_next_values",
+                                  "traces", "linrec_forward"])
+@pytest.mark.parametrize("plan", [PLANS[0], PLANS[2]], ids=lambda p: p[0])
+def test_tm_few_with_next_chunk_first(case, plan, device, backend, tuned, monkeypatch):
+    """The few-stream tile with the next chunk's loads first (``pipe=True``; the plan
+    does not take it there by default): outputs and gradients against the float64
+    reference over several chunks (75 steps in 32-step chunks), in one pass and in
+    three launches of 64-step segments, and every loop launch took PIPE."""
+    for k, v in plan[1].items():
+        tuned(**{k: v})
+    tuned(pipe=True)
+    _, seen = _spy(monkeypatch)
+    fn, wrt = CASES[case]
+    wrt = wrt.split()
+    inputs = {k: (v.to(device) if torch.is_tensor(v) else v)
+              for k, v in ta._inputs(99, (75, 12), 0, "cpu").items()}
+    xs = [inputs[k].requires_grad_(True) for k in wrt]
+    out = fn(rc, dict(inputs, **dict(zip(wrt, xs))), 0)
+    out = out if isinstance(out, tuple) else (out,)
+    ref_in = {k: (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in inputs.items()}
+    ref_xs = [ref_in[k].clone().requires_grad_(True) for k in wrt]
+    want = fn(ref, dict(ref_in, **dict(zip(wrt, ref_xs))), 0)
+    want = want if isinstance(want, tuple) else (want,)
+    for o, w in zip(out, want):
+        torch.testing.assert_close(o.detach().cpu(), w.detach(), rtol=1e-9, atol=1e-9)
+    g = torch.Generator().manual_seed(5)
+    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in want]
+    got = torch.autograd.grad(sum((o * w.to(device)).sum() for o, w in zip(out, weights)), xs)
+    exp = torch.autograd.grad(sum((o * w).sum() for o, w in zip(want, weights)), ref_xs)
+    for name, gg, wg in zip(wrt, got, exp):
+        torch.testing.assert_close(gg.cpu(), wg, rtol=1e-9, atol=1e-9, msg=f"d/d{name}")
+    loops = [c for c in seen if c.get("SUB", 1) > 1 and c["PHASE"] in (0, 1, 2)]
+    assert loops and all(c["PIPE"] for c in loops), seen
