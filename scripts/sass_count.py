@@ -8,7 +8,7 @@ N streams x T steps, time-major float32 data with done flags. The call runs on C
 tensors through the Triton path; the first kernel launch is compiled for sm_90 by
 Triton (with its bundled ptxas) instead of launched, and its cubin is read with the
 bundled ``cuobjdump`` and ``nvdisasm``. Needs a Triton wheel with the NVIDIA backend;
-``LAUNCH=k`` takes the call's k-th launch instead of its first (k = 2: the three
+``BATCH=1``: batch-major ``[N, T]`` data instead. ``LAUNCH=k`` takes the call's k-th launch instead of its first (k = 2: the three
 launches' last; the count is then per call, not per variant). ``TTGIR=1`` also writes
 the kernel's TTGIR (its layouts) to /tmp, ``SASS=1`` its SASS.
 """
@@ -38,7 +38,10 @@ VARIANTS = {"default": {}, "s32": dict(tm_steps=32), "three": dict(look_back=Fal
             "t16x32w1": dict(tile=(16, 32, 1)), "t16x64w1": dict(tile=(16, 64, 1)),
             "t16x128w2": dict(tile=(16, 128, 2)), "t16x128w4": dict(tile=(16, 128, 4)),
             "t16x256w8": dict(tile=(16, 256, 8)), "few": dict(tm_few=True),
-            "fewpipe": dict(tm_few=True, pipe=True)}
+            "fewpipe": dict(tm_few=True, pipe=True),
+            "lbrow2k": dict(tile=(1, 2048, 8), look_back=True),
+            "lbrow4k": dict(tile=(1, 4096, 16), look_back=True),
+            "lbrow8k": dict(tile=(1, 8192, 16), look_back=True)}
 
 
 class _Sm90(CudaDriver):
@@ -94,14 +97,16 @@ def main(argv):
     driver.set_active(_Sm90())
     _launch._sm_count = lambda device: 132  # an H100 / H200
     _capture()
-    r, v, lr = torch.randn(T, N), torch.randn(T, N), 0.5 * torch.randn(T, N)
-    d = torch.rand(T, N) < 0.02
+    batch = os.environ.get("BATCH") == "1"  # batch-major [N, T] data instead
+    shape, td = ((N, T), -1) if batch else ((T, N), 0)
+    r, v, lr = torch.randn(shape), torch.randn(shape), 0.5 * torch.randn(shape)
+    d = torch.rand(shape) < 0.02
     b = torch.randn(N)
-    calls = {"gae": lambda: rc.gae(r, v, d, bootstrap_value=b, time_dim=0),
-             "vtrace": lambda: rc.vtrace(lr, r, v, d, bootstrap_value=b, time_dim=0),
-             "eligibility_traces": lambda: rc.eligibility_traces(r, d, time_dim=0),
+    calls = {"gae": lambda: rc.gae(r, v, d, bootstrap_value=b, time_dim=td),
+             "vtrace": lambda: rc.vtrace(lr, r, v, d, bootstrap_value=b, time_dim=td),
+             "eligibility_traces": lambda: rc.eligibility_traces(r, d, time_dim=td),
              "lambda_returns": lambda: rc.lambda_returns(r, v, d, bootstrap_value=b,
-                                                         time_dim=0)}
+                                                         time_dim=td)}
     for name in names:
         with rc.tuning(cached_launch=False, **VARIANTS[name]):
             try:

@@ -41,6 +41,14 @@ VARIANTS = {
     "pps0": dict(programs_per_sm=0), "pps0s32": dict(programs_per_sm=0, tm_steps=32),
     "lb": dict(look_back=True), "lb3": dict(look_back=False),
     "lbw64s": dict(look_back=True, look_window=64, segment_len=2048),
+    # batch-major few long streams: the look-back over whole-row-sized tiles (one
+    # program a segment of 2048-8192 steps: one wave, a short walk back), where the
+    # plan's look-back chunk is the 2-row tile's 256-512 steps (segment_len does not
+    # lengthen the look-back's chunk: lbw64s measured as lbw64)
+    "lbrow2k": dict(tile=(1, 2048, 8), look_back=True),
+    "lbrow4k": dict(tile=(1, 4096, 16), look_back=True),
+    "lbrow4kw64": dict(tile=(1, 4096, 16), look_back=True, look_window=64),
+    "lbrow8k": dict(tile=(1, 8192, 16), look_back=True),
 }
 
 
