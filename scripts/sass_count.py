@@ -8,8 +8,9 @@ N streams x T steps, time-major float32 data with done flags. The call runs on C
 tensors through the Triton path; the first kernel launch is compiled for sm_90 by
 Triton (with its bundled ptxas) instead of launched, and its cubin is read with the
 bundled ``cuobjdump`` and ``nvdisasm``. Needs a Triton wheel with the NVIDIA backend;
-``BATCH=1``: batch-major ``[N, T]`` data instead. ``LAUNCH=k`` takes the call's k-th launch instead of its first (k = 2: the three
-launches' last; the count is then per call, not per variant). ``TTGIR=1`` also writes
+``BATCH=1``: batch-major ``[N, T]`` data instead. ``LAUNCH=k`` takes the call's k-th
+launch instead of its first (k = 2: the three launches' last; the count is then per call,
+not per variant). ``TTGIR=1`` also writes
 the kernel's TTGIR (its layouts) to /tmp, ``SASS=1`` its SASS.
 """
 
