@@ -136,7 +136,8 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
         if not scalar_n and sub and lanes > 1 and tune.tm_few is not False:
             # fewer streams than lanes: a stream per lane still, and the lanes left over
             # along time, each with its own tm_steps consecutive steps (sub_lanes).
-            # Measured on the H100 (docs/notes.md, "Few time-major streams ..."): 2-8
+            # Measured on the H100 (docs/notes.md, "Time-major: the L2 prefetch two chunks
+            # ahead, a stream a lane for few streams, ..."): 2-8
             # streams where each time segment is one chunk (8x16384, 2x65536) 0.68-0.84x;
             # 16 streams (2 lanes), and segments of several chunks (8x131072, 4x262144:
             # the loop has no next-chunk loads in flight here), 2.0-2.7x slower
@@ -179,7 +180,8 @@ def _prefetch(tune: Tuning, scalar_n: bool, S: int, num_warps: int, T: int,
               block_t: int) -> int:
     """The L2 prefetch distance in chunks (the kernel's PREFETCH): the tuning's, else 2
     for time-major programs of one warp that walk all of T in more than 8 chunks.
-    Measured on the H100 (docs/notes.md, "The L2 prefetch two chunks ahead"): 16384x512
+    Measured on the H100 (docs/notes.md, "Time-major: the L2 prefetch two chunks ahead,
+    ..."): 16384x512
     0.70-0.79x; with time segments (1024x4096, 512x4096) 0.93-1.44x, so not there."""
     if tune.prefetch is not None:
         return tune.prefetch
