@@ -146,12 +146,13 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
             if tune.tm_few or (lanes >= 4 and (S == 1 or seg == few_t)):
                 scalar_n = True
                 block_n, block_t = few_n, few_t
-        if (scalar_n and mode == _table.MODE_TRACE and tp <= 8 * block_t
+        if (N >= 32 and mode == _table.MODE_TRACE and tp <= 8 * block_t
                 and tune.segment_len is None):
             # traces and episodic sums of up to 8 chunks: no time split (each program
             # walks its streams' few chunks with the next one's loads in flight), where
             # the look-back's fixed cost was more (H100: 4096x128 6.5 -> 4.8 us, 512x128
-            # 5.3 -> 4.6; the other modes were 1.35-1.7x slower so)
+            # 5.3 -> 4.6; the other modes were 1.35-1.7x slower so). Not the few-stream
+            # tile, whose loop has no next chunk's loads in flight
             per_sm = 0
         if not scalar_n:
             block_n = max(2, min(np2, 32))

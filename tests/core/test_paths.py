@@ -172,6 +172,7 @@ def test_plan_rules(monkeypatch, tuned):
     assert plan(4096, 128, False, _table.MODE_TRACE)[3] == 1
     assert plan(512, 128, False, _table.MODE_TRACE)[3] == 1
     assert plan(4096, 128, False)[3] > 1 and plan(256, 1024, False, _table.MODE_TRACE)[3] > 1
+    assert plan(4, 1024, False, _table.MODE_TRACE)[3] > 1  # (the few-stream tile: split)
     # the L2 prefetch two chunks ahead: one-warp time-major programs over more than 8
     # chunks and no time split (16384x512), nowhere else
     t = rc.current_tuning()
