@@ -19,18 +19,10 @@ ours / floor.
 import sys
 
 import torch
+from tm_sweep import gtime  # (a sibling script: the benchmark's CUDA-graph replay timer)
 
 import rl_triton_core as rc
-from rl_triton_core.bench.harness import Timer
 from rl_triton_core.bench.peers import make_floor
-
-_TIMER = Timer("cuda", target_ms=20.0)
-
-
-def gtime(fn):
-    for _ in range(3):
-        fn()
-    return _TIMER._graph(fn, _TIMER._b2b(fn, 20))
 
 
 def main(shapes):
