@@ -38,6 +38,11 @@ class Tuning:
             programs per multiprocessor.
         look_back: segmented plans as one launch with a look-back over the segments'
             maps (True), as three launches (False), or where measured to pay (None).
+        chained: segmented plans that do not take the look-back's chunk per program
+            (``look_back``) as one launch of a segment per program (its map from a first
+            pass over its inputs, the carry entering it from a look-back over the others'
+            maps, then its outputs from a second pass) instead of three launches; None:
+            the plan's choice.
         look_window: segments per block of the look-back, read at a time (a power of
             two >= 2).
         middle_elems: the middle pass's tile (streams x maps per step).
@@ -53,6 +58,10 @@ class Tuning:
             each chunk of the loop over chunks (0: off); None: 2 where measured faster
             (time-major programs of one warp that walk all of T: 16384x512 0.70-0.79x;
             with time segments it was slower).
+        spin: how the look-back polls the other programs' statuses: 0 an atomic add of
+            zero with acquire semantics (an L2 read-modify-write, serialised per address),
+            1 (CUDA) a plain acquire load, 2 (CUDA) the same with a short sleep between
+            polls; None: the plan's choice.
         flip: time-major reverse scans load each chunk latest step first and scan
             forward (no cross-warp reversal of every value), in the look-back and in the
             loops over chunks that build the next chunk first (``pipe``) on one warp a
@@ -92,11 +101,13 @@ class Tuning:
     programs_per_sm: int = 8
     look_back: bool | None = {"1": True, "0": False}.get(
         os.environ.get("RL_TRITON_CORE_LOOKBACK", ""))
+    chained: bool | None = None
     look_window: int = 16
     middle_elems: int = 2048
     tm_steps: int = 16
     tm_few: bool | None = None
     prefetch: int | None = None
+    spin: int | None = None
     flip: bool = os.environ.get("RL_TRITON_CORE_FLIP", "1") == "1"
     even: bool = os.environ.get("RL_TRITON_CORE_EVEN", "1") == "1"
     pipe: bool | None = {"1": True, "0": False}.get(os.environ.get("RL_TRITON_CORE_PIPE", ""))
@@ -112,6 +123,7 @@ class Tuning:
         # (name, lowest, power of two, what the message says)
         for name, lo, pow2, what in (
                 ("prefetch", 0, False, "None or a whole number of chunks >= 0"),
+                ("spin", 0, False, "None, 0, 1 or 2"),
                 ("small_tokens", 0, False, "a whole number of tokens >= 0"),
                 ("look_window", 2, True, "a power of two >= 2"),
                 ("tm_steps", 16, True, "a power of two >= 16"),
@@ -119,11 +131,13 @@ class Tuning:
                 ("middle_elems", 2, True, "a power of two >= 2"),
                 ("programs_per_sm", 0, False, "a whole number >= 0")):
             v = getattr(self, name)
-            if v is None and name in ("segment_len", "prefetch"):
+            if v is None and name in ("segment_len", "prefetch", "spin"):
                 continue
             if (isinstance(v, bool) or not isinstance(v, int) or v < lo
                     or (pow2 and v & (v - 1))):
                 raise ValueError(f"{name} must be {what}, got {v!r}")
+        if self.spin is not None and self.spin > 2:
+            raise ValueError(f"spin must be None, 0, 1 or 2, got {self.spin!r}")
         # hashed once: the tuning is part of every cached launch's key
         fields = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
         object.__setattr__(self, "_hash", hash(fields))

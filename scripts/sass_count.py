@@ -11,7 +11,8 @@ bundled ``cuobjdump`` and ``nvdisasm``. Needs a Triton wheel with the NVIDIA bac
 ``BATCH=1``: batch-major ``[N, T]`` data instead. ``LAUNCH=k`` takes the call's k-th
 launch instead of its first (k = 2: the three launches' last; the count is then per call,
 not per variant). ``TTGIR=1`` also writes
-the kernel's TTGIR (its layouts) to /tmp, ``SASS=1`` its SASS.
+the kernel's TTGIR (its layouts) to /tmp, ``SASS=1`` its SASS; ``SPIN=k``: the look-back's
+``Tuning.spin`` (which a CPU call leaves at 0).
 """
 
 import collections
@@ -42,7 +43,8 @@ VARIANTS = {"default": {}, "s32": dict(tm_steps=32), "three": dict(look_back=Fal
             "fewpipe": dict(tm_few=True, pipe=True),
             "lbrow2k": dict(tile=(1, 2048, 8), look_back=True),
             "lbrow4k": dict(tile=(1, 4096, 16), look_back=True),
-            "lbrow8k": dict(tile=(1, 8192, 16), look_back=True)}
+            "lbrow8k": dict(tile=(1, 8192, 16), look_back=True),
+            "ch": dict(chained=True)}
 
 
 class _Sm90(CudaDriver):
@@ -75,6 +77,8 @@ def _capture():
     skip = [int(os.environ.get("LAUNCH", "0"))]  # which launch of the call: 0 the first
 
     def run(self, *args, grid, warmup, **kw):
+        if os.environ.get("SPIN") and kw.get("PHASE") == 4:  # (CUDA only: CPU tensors here)
+            kw["SPIN"] = int(os.environ["SPIN"])
         kernel = real(self, *args, grid=grid, warmup=True, **kw)
         if skip[0] > 0:
             skip[0] -= 1

@@ -49,6 +49,21 @@ VARIANTS = {
     "lbrow4k": dict(tile=(1, 4096, 16), look_back=True),
     "lbrow4kw64": dict(tile=(1, 4096, 16), look_back=True, look_window=64),
     "lbrow8k": dict(tile=(1, 8192, 16), look_back=True),
+    # time-major 8-16 streams: the look-back over longer [16, T] tiles than the plan's
+    # [16, 256] (512 programs at 16x131072), and a wider window
+    "tm512": dict(tile=(16, 512, 8), look_back=True),
+    "tm1k": dict(tile=(16, 1024, 16), look_back=True),
+    "tm1kw64": dict(tile=(16, 1024, 16), look_back=True, look_window=64),
+    # the look-back's polls: an atomic add of zero (0), an acquire load (1), with sleeps (2)
+    "spin0": dict(spin=0), "spin1": dict(spin=1), "spin2": dict(spin=2),
+    "lbrow4kw64s1": dict(tile=(1, 4096, 16), look_back=True, look_window=64, spin=1),
+    "lbrow4kw64s2": dict(tile=(1, 4096, 16), look_back=True, look_window=64, spin=2),
+    "lbrow4ks1": dict(tile=(1, 4096, 16), look_back=True, spin=1),
+    "tm512s1": dict(tile=(16, 512, 8), look_back=True, spin=1),
+    "tm512s2": dict(tile=(16, 512, 8), look_back=True, spin=2),
+    # segmented plans of several chunks a segment in one launch (PHASE 5), not three
+    "ch": dict(chained=True), "chs1": dict(chained=True, spin=1),
+    "chs2": dict(chained=True, spin=2),
 }
 
 

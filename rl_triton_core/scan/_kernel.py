@@ -26,7 +26,9 @@ carry leaving each segment, and PHASE 2 scans each segment again from the carry
 entering it and writes the outputs. PHASE 0 is the single-pass case (S = 1).
 Where all programs fit on the GPU at once, PHASE 4 does it in one launch instead:
 a chunk per program, the carry from a look-back over the other programs' maps
-(``_look_back``).
+(``_look_back``). PHASE 5 is the three launches' work in one (``Tuning.chained``): a
+segment per program, its map from a first pass over its inputs, the carry entering it
+from the look-back, then PHASE 2's pass.
 """
 
 from __future__ import annotations
@@ -438,13 +440,33 @@ def _build(X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, p
 
 
 @triton.jit
-def _wait(FL, seg, valid, level: tl.constexpr):
+def _status(FL, seg, valid, SPIN: tl.constexpr, SLEEP: tl.constexpr):
+    """The statuses at ``seg`` (where ``valid``), read with acquire semantics: SPIN 0 by
+    an atomic add of zero (portable; a read-modify-write, serialised at L2 per address),
+    else (CUDA) by a plain acquire load, after a short sleep where SLEEP."""
+    if SPIN == 0:
+        st = tl.atomic_add(FL + seg, 0, mask=valid, sem="acquire")
+    else:
+        p = FL + tl.where(valid, seg, 0)  # (no masks in inline PTX: a valid address)
+        if SLEEP:
+            st = tl.inline_asm_elementwise(
+                "nanosleep.u32 32;\n\tld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [p],
+                dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            st = tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l",
+                                           [p], dtype=tl.int32, is_pure=False, pack=1)
+    return st
+
+
+@triton.jit
+def _wait(FL, seg, valid, level: tl.constexpr, SPIN: tl.constexpr):
     """Spin until the status of every valid segment in ``seg`` is at least ``level``
     (the loop carries a scalar only: a tensor carried through it crashed triton 3.6's
-    layout pass)."""
-    ready = 0
+    layout pass). SPIN 2 sleeps between polls after the first (``_status``)."""
+    st = _status(FL, seg, valid, SPIN, False)
+    ready = (tl.min(tl.where(valid, st, level), axis=0) >= level).to(tl.int32)
     while ready == 0:
-        st = tl.atomic_add(FL + seg, 0, mask=valid, sem="acquire")
+        st = _status(FL, seg, valid, SPIN, SPIN == 2)
         ready = (tl.min(tl.where(valid, st, level), axis=0) >= level).to(tl.int32)
 
 
@@ -464,7 +486,7 @@ def _fold(PA, PB, rows, valid, n, nmask, N, dtype: tl.constexpr):
 
 @triton.jit
 def _look_back(WS, agg_a, agg_b, init, n, nf, nmask, pid_n, pid_s, N, S,
-               REVERSE: tl.constexpr, W: tl.constexpr):
+               REVERSE: tl.constexpr, W: tl.constexpr, SPIN: tl.constexpr):
     """PHASE 4 (one pass): the carry entering segment ``pid_s``, in an order of
     composition fixed by the segment's position, so the outputs repeat bit for bit.
 
@@ -500,7 +522,7 @@ def _look_back(WS, agg_a, agg_b, init, n, nf, nmask, pid_n, pid_s, N, S,
     seg = qq
     if REVERSE:
         seg = S - 1 - qq
-    _wait(FL, seg, valid, 1)
+    _wait(FL, seg, valid, 1, SPIN)
     tl.debug_barrier()
     ia, ib = _fold(PA, PB, seg, valid, nf, nmask, N, agg_a.dtype)
     if q % W == W - 1:  # the block's last segment: publish the block's map first
@@ -516,7 +538,7 @@ def _look_back(WS, agg_a, agg_b, init, n, nf, nmask, pid_n, pid_s, N, S,
         last = b * W + W - 1
         if REVERSE:
             last = S - 1 - last
-        _wait(FL, last, valid, 2)
+        _wait(FL, last, valid, 2, SPIN)
         tl.debug_barrier()
         ga, gb = _fold(PC, PC + n_full * N, b, valid, nf, nmask, N, agg_a.dtype)
         carry = _apply(ga, gb, carry)
@@ -533,7 +555,7 @@ def scan_kernel(
     BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, LOOK_W: tl.constexpr,
     ONE: tl.constexpr = False, I64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
     FLIP: tl.constexpr = False, EVEN: tl.constexpr = False, PIPE: tl.constexpr = False,
-    SUB: tl.constexpr = 1,
+    SUB: tl.constexpr = 1, SPIN: tl.constexpr = 0,
 ):
     """OUT0 (and OUT1, None for one output) = the scan of MODE over [N1, N2, T].
 
@@ -552,7 +574,7 @@ def scan_kernel(
     each thread scans its steps in registers and only the sub-chunks' maps cross lanes.
     """
     tl.static_assert(SUB == 1 or PREFETCH == 0)
-    if PHASE == 4:
+    if PHASE == 4 or PHASE == 5:
         # segments in ticket order (the look-back waits only on started programs)
         ctr = (WS + 3 * S * N).to(tl.pointer_type(tl.int32)) + tl.cdiv(N, BLOCK_N) * S
         tk = tl.atomic_add(ctr, 1)
@@ -639,9 +661,6 @@ def scan_kernel(
 
         # carry entering this segment: init, or (PHASE 2) the one PHASE 3 left in the
         # workspace slot of the segment before it (after it, in reverse)
-        if PHASE == 1:
-            carry_a = zero
-            carry_b = zero + 1.0
         if PHASE == 2:
             if REVERSE:
                 prev = pid_s + 1
@@ -652,7 +671,6 @@ def scan_kernel(
             c_prev = tl.load(WS + prev * N + n, mask=nmask & has_prev, other=0)
             carry = tl.where(has_prev, c_prev.to(zero.dtype), carry)
 
-        carry_seg = carry
         # V'_{T-1} of the shifted form: one value per stream, read once
         boot = zero
         if BOOT is not None:
@@ -681,138 +699,150 @@ def scan_kernel(
             steps = BLOCK_T - 1 - cols
         else:
             steps = cols
-        if PIPE:  # the first chunk's coefficients (in scan order), carried into the loop
-            if REVERSE:
-                t0 = t_lo + (n_chunks - 1) * BLOCK_T + steps
-            else:
-                t0 = t_lo + steps
-            if I64:
-                t0 = t0.to(tl.int64)
-            n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut = _build(
-                X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO, STR,
-                o1, o2, t0, nm2 & (t0 < t_hi), T, MODE, REVERSE, UNIFORM, FP64)
-        for kk in tl.range(0, n_chunks, num_stages=STAGES):
-            if REVERSE:
-                k = n_chunks - 1 - kk
-            else:
-                k = kk
-            t = t_lo + k * BLOCK_T + steps
-            if I64:
-                t = t.to(tl.int64)
-            if EVEN:
-                m = tl.full(t.shape, 1, tl.int1) & nm2
-            else:
-                m = nm2 & (t < t_hi)
-            if PREFETCH > 0:
-                # the lines of the chunk PREFETCH ahead, one step per stream (row
-                # n % BLOCK_T of that chunk: a warp's 32 streams cover its steps)
+        # PHASE 5 (segments of several chunks in one launch): the segment's map first (as
+        # PHASE 1, from its inputs), then the carry entering it from the look-back over the
+        # other segments' maps, then the segment again from that carry (as PHASE 2: its
+        # inputs read a second time, from L2 where the segment is small)
+        for rep in tl.static_range(2 if PHASE == 5 else 1):
+            if PHASE == 1 or (PHASE == 5 and rep == 0):  # (the map only)
+                carry_a = zero
+                carry_b = zero + 1.0
+            carry_seg = carry
+            if PIPE:  # the first chunk's coefficients (in scan order), carried into the loop
                 if REVERSE:
-                    kp = k - PREFETCH
+                    t0 = t_lo + (n_chunks - 1) * BLOCK_T + steps
                 else:
-                    kp = k + PREFETCH
-                tp = t_lo + kp * BLOCK_T + (n % BLOCK_T)
-                mp = nmask & (kp >= 0) & (kp < n_chunks) & (tp < t_hi)
-                _prefetch(X, K_X, STR, n1, n2, tp, mp, UNIFORM)
-                _prefetch(V, K_V, STR, n1, n2, tp, mp, UNIFORM)
-                _prefetch(NV, K_NV, STR, n1, n2, tp, mp, UNIFORM)
-                _prefetch(TERM, K_TERM, STR, n1, n2, tp, mp, UNIFORM)
-                _prefetch(TRUNC, K_TRUNC, STR, n1, n2, tp, mp, UNIFORM)
-                _prefetch(RHO, K_RHO, STR, n1, n2, tp, mp, UNIFORM)
-                _prefetch(G, K_G, STR, n1, n2, tp, mp, UNIFORM)
-                _prefetch(LM, K_LM, STR, n1, n2, tp, mp, UNIFORM)
-            if PIPE:
-                # the next chunk's loads and coefficients first, in flight while this one
-                # is scanned and stored (a load after this chunk's stores could not be
-                # moved above them: they may alias)
-                alpha, beta, v, p0, p1, vnext, cont, extra, cut = (
-                    n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut)
-                if REVERSE:
-                    tn = t - BLOCK_T
-                else:
-                    tn = t + BLOCK_T
-                mn = nm2 & (tn < t_hi) & (tn >= t_lo)
+                    t0 = t_lo + steps
+                if I64:
+                    t0 = t0.to(tl.int64)
                 n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut = _build(
-                    X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
-                    STR, o1, o2, tn, mn, T, MODE, REVERSE, UNIFORM, FP64)
-            else:
-                alpha, beta, v, p0, p1, vnext, cont, extra, cut = _build(
-                    X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
-                    STR, o1, o2, t, m, T, MODE, REVERSE, UNIFORM, FP64)
-            alpha = tl.where(m, alpha, 0.0)
-            beta = tl.where(m, beta, 1.0)
-            if SUB > 1:
-                A, B, ea, eb, agg_a, agg_b = _sub_scan(alpha, beta, BLOCK_T // SUB, SUB)
-            else:
-                A, B = tl.associative_scan((alpha, beta), 1, _combine,
-                                           reverse=REVERSE and not FLIP)
-                if REVERSE and not FLIP:
-                    edge = 0
+                    X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO, STR,
+                    o1, o2, t0, nm2 & (t0 < t_hi), T, MODE, REVERSE, UNIFORM, FP64)
+            for kk in tl.range(0, n_chunks, num_stages=STAGES):
+                if REVERSE:
+                    k = n_chunks - 1 - kk
                 else:
-                    edge = BLOCK_T - 1
-                agg_a = _column(A, cols, edge)
-                agg_b = _column(B, cols, edge)
-            if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
-                carry = _look_back(WS, agg_a, agg_b, carry, n, nf, nmask, pid_n, pid_s, N, S,
-                                   REVERSE, LOOK_W)
-                carry_seg = carry
-            if PHASE == 1:
-                carry_a, carry_b = _combine(carry_a, carry_b, agg_a, agg_b)
-            else:
-                if SUB > 1:  # the carry entering each sub-chunk, then its steps
-                    h = _apply(A, B, _apply(ea, eb, carry[:, None])[:, None, :])
-                    cs = carry_seg[:, None, None]
+                    k = kk
+                t = t_lo + k * BLOCK_T + steps
+                if I64:
+                    t = t.to(tl.int64)
+                if EVEN:
+                    m = tl.full(t.shape, 1, tl.int1) & nm2
                 else:
-                    h = _apply(A, B, carry[:, None])
-                    cs = carry_seg[:, None]
-                p_out = o1 * so1 + o2 * so2 + t * sot
-                if MODE == VTRACE:
-                    # pg_t needs vs_{t+1}: stored by this program (this chunk, or the one after
-                    # it in time, processed before it); at the segment's end, V_{t+1} + carry.
-                    tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
-                    tl.debug_barrier()
-                    m_in = m & cont & (t + 1 < t_hi)
-                    vs_next = tl.load(OUT0 + p_out + sot, mask=m_in, other=0.0).to(h.dtype)
-                    vs_next = tl.where(t + 1 == t_hi, vnext + cs, vs_next)
-                    pg = p0 + tl.where(cont, p1 * vs_next, 0.0)
-                    tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
-                elif MODE == RETRACE:
-                    tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
-                elif MODE == VTRACE_BWD:
-                    g_r = p1 * h + p0
-                    tl.store(OUT0 + p_out, g_r.to(OUT0.dtype.element_ty), mask=m)
-                    if OUT1 is not None:
-                        # OUT0_{t-1}: stored by this program (this chunk or the one before
-                        # it); at the segment's start, from the carry entering it
-                        tl.debug_barrier()
-                        r_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
-                                         other=0.0).to(h.dtype)
-                        r_prev = tl.where(t == t_lo, cont * cs + extra, r_prev)
-                        g_val = v - g_r + tl.where(cut, 0.0, vnext * r_prev)
-                        tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
-                elif MODE == GAE_BWD or MODE == TD_BWD:
-                    tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
-                    if OUT1 is not None:
-                        # u_{t-1}: stored by this program (this chunk or the one before it);
-                        # at the segment's start, the carry entering it
-                        tl.debug_barrier()
-                        u_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
-                                         other=0.0).to(h.dtype)
-                        u_prev = tl.where(t == t_lo, cs, u_prev)
-                        g_val = tl.where(cut, 0.0, p1 * u_prev)
-                        if MODE == GAE_BWD:
-                            g_val = g_val + v - h
-                        tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
-                elif MODE == GAE:
-                    tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
-                    if OUT1 is not None:  # (gae_advantages: the advantages only)
-                        tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
-                else:
-                    tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
-                if not ONE:
-                    if SUB > 1:
-                        carry = _apply(agg_a, agg_b, carry)
+                    m = nm2 & (t < t_hi)
+                if PREFETCH > 0:
+                    # the lines of the chunk PREFETCH ahead, one step per stream (row
+                    # n % BLOCK_T of that chunk: a warp's 32 streams cover its steps)
+                    if REVERSE:
+                        kp = k - PREFETCH
                     else:
-                        carry = _column(h, cols, edge)
+                        kp = k + PREFETCH
+                    tp = t_lo + kp * BLOCK_T + (n % BLOCK_T)
+                    mp = nmask & (kp >= 0) & (kp < n_chunks) & (tp < t_hi)
+                    _prefetch(X, K_X, STR, n1, n2, tp, mp, UNIFORM)
+                    _prefetch(V, K_V, STR, n1, n2, tp, mp, UNIFORM)
+                    _prefetch(NV, K_NV, STR, n1, n2, tp, mp, UNIFORM)
+                    _prefetch(TERM, K_TERM, STR, n1, n2, tp, mp, UNIFORM)
+                    _prefetch(TRUNC, K_TRUNC, STR, n1, n2, tp, mp, UNIFORM)
+                    _prefetch(RHO, K_RHO, STR, n1, n2, tp, mp, UNIFORM)
+                    _prefetch(G, K_G, STR, n1, n2, tp, mp, UNIFORM)
+                    _prefetch(LM, K_LM, STR, n1, n2, tp, mp, UNIFORM)
+                if PIPE:
+                    # the next chunk's loads and coefficients first, in flight while this one
+                    # is scanned and stored (a load after this chunk's stores could not be
+                    # moved above them: they may alias)
+                    alpha, beta, v, p0, p1, vnext, cont, extra, cut = (
+                        n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut)
+                    if REVERSE:
+                        tn = t - BLOCK_T
+                    else:
+                        tn = t + BLOCK_T
+                    mn = nm2 & (tn < t_hi) & (tn >= t_lo)
+                    n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut = _build(
+                        X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
+                        STR, o1, o2, tn, mn, T, MODE, REVERSE, UNIFORM, FP64)
+                else:
+                    alpha, beta, v, p0, p1, vnext, cont, extra, cut = _build(
+                        X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
+                        STR, o1, o2, t, m, T, MODE, REVERSE, UNIFORM, FP64)
+                alpha = tl.where(m, alpha, 0.0)
+                beta = tl.where(m, beta, 1.0)
+                if SUB > 1:
+                    A, B, ea, eb, agg_a, agg_b = _sub_scan(alpha, beta, BLOCK_T // SUB, SUB)
+                else:
+                    A, B = tl.associative_scan((alpha, beta), 1, _combine,
+                                               reverse=REVERSE and not FLIP)
+                    if REVERSE and not FLIP:
+                        edge = 0
+                    else:
+                        edge = BLOCK_T - 1
+                    agg_a = _column(A, cols, edge)
+                    agg_b = _column(B, cols, edge)
+                if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
+                    carry = _look_back(WS, agg_a, agg_b, carry, n, nf, nmask, pid_n, pid_s, N, S,
+                                       REVERSE, LOOK_W, SPIN)
+                    carry_seg = carry
+                if PHASE == 1 or (PHASE == 5 and rep == 0):
+                    carry_a, carry_b = _combine(carry_a, carry_b, agg_a, agg_b)
+                else:
+                    if SUB > 1:  # the carry entering each sub-chunk, then its steps
+                        h = _apply(A, B, _apply(ea, eb, carry[:, None])[:, None, :])
+                        cs = carry_seg[:, None, None]
+                    else:
+                        h = _apply(A, B, carry[:, None])
+                        cs = carry_seg[:, None]
+                    p_out = o1 * so1 + o2 * so2 + t * sot
+                    if MODE == VTRACE:
+                        # pg_t needs vs_{t+1}: stored by this program (this chunk, or the one after
+                        # it in time, processed before it); at the segment's end, V_{t+1} + carry.
+                        tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+                        tl.debug_barrier()
+                        m_in = m & cont & (t + 1 < t_hi)
+                        vs_next = tl.load(OUT0 + p_out + sot, mask=m_in, other=0.0).to(h.dtype)
+                        vs_next = tl.where(t + 1 == t_hi, vnext + cs, vs_next)
+                        pg = p0 + tl.where(cont, p1 * vs_next, 0.0)
+                        tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
+                    elif MODE == RETRACE:
+                        tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+                    elif MODE == VTRACE_BWD:
+                        g_r = p1 * h + p0
+                        tl.store(OUT0 + p_out, g_r.to(OUT0.dtype.element_ty), mask=m)
+                        if OUT1 is not None:
+                            # OUT0_{t-1}: stored by this program (this chunk or the one before
+                            # it); at the segment's start, from the carry entering it
+                            tl.debug_barrier()
+                            r_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
+                                             other=0.0).to(h.dtype)
+                            r_prev = tl.where(t == t_lo, cont * cs + extra, r_prev)
+                            g_val = v - g_r + tl.where(cut, 0.0, vnext * r_prev)
+                            tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
+                    elif MODE == GAE_BWD or MODE == TD_BWD:
+                        tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                        if OUT1 is not None:
+                            # u_{t-1}: stored by this program (this chunk or the one before it);
+                            # at the segment's start, the carry entering it
+                            tl.debug_barrier()
+                            u_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
+                                             other=0.0).to(h.dtype)
+                            u_prev = tl.where(t == t_lo, cs, u_prev)
+                            g_val = tl.where(cut, 0.0, p1 * u_prev)
+                            if MODE == GAE_BWD:
+                                g_val = g_val + v - h
+                            tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
+                    elif MODE == GAE:
+                        tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                        if OUT1 is not None:  # (gae_advantages: the advantages only)
+                            tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
+                    else:
+                        tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                    if not ONE:
+                        if SUB > 1:
+                            carry = _apply(agg_a, agg_b, carry)
+                        else:
+                            carry = _column(h, cols, edge)
+            if PHASE == 5 and rep == 0:
+                carry = _look_back(WS, carry_a, carry_b, carry, n, nf, nmask, pid_n, pid_s, N,
+                                   S, REVERSE, LOOK_W, SPIN)
 
         if PHASE == 1:
             w_off = pid_s.to(tl.int64) * N + n

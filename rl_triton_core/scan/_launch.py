@@ -287,7 +287,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
                   PREFETCH=_prefetch(tune, scalar_n, S, num_warps, T, block_t)
                   if device.type == "cuda" and not torch.version.hip and sub == 1
                   else 0,  # (inline PTX)
-                  FLIP=False, EVEN=False, PIPE=False, SUB=sub,
+                  FLIP=False, EVEN=False, PIPE=False, SUB=sub, SPIN=0,
                   I64=tune.wide_index or _reach(strides, sizes3, block_n, block_t) >= 2**31)
     grid = (triton.cdiv(N, block_n), S)
     ws_spec = None
@@ -301,6 +301,11 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         grid = (triton.cdiv(N, block_n) * S, 1)
         phases = (4,)
         ws_spec = ((3 * S * N + triton.cdiv(N, block_n) * S + 1,), wdt, True)
+    elif tune.chained:
+        # a segment per program in one launch: its map, the look-back, its outputs
+        grid = (triton.cdiv(N, block_n) * S, 1)
+        phases = (5,)
+        ws_spec = ((3 * S * N + triton.cdiv(N, block_n) * S + 1,), wdt, True)
     else:
         phases = (1, 3, 2)
         ws_spec = ((2, S, N), wdt, False)
@@ -311,7 +316,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
     launched = []
     for phase in phases:
         c = {**consts, "PHASE": phase}
-        if phase in (0, 1, 2) and scalar_n and not c["ONE"] and sub == 1:
+        if phase in (0, 1, 2, 5) and scalar_n and not c["ONE"] and sub == 1:
             # measured on the H100 (docs/notes.md, "The next chunk's loads first" and
             # "Time-major: lanes along time ..."): the next chunk's loads first,
             # TD(lambda) 0.53-0.83x, traces 0.92-1.0x; with the reverse scans' chunks
@@ -327,7 +332,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
             # (FLIP without PIPE was 3.3x slower: ptxas then sinks each step's loads to
             # its use in the scan's chain, where PIPE's carried loads cannot move)
             c["FLIP"] = reverse and pipe and flip and tune.flip
-        elif phase in (0, 1, 2) and sub > 1 and not c["ONE"] and tune.pipe:
+        elif phase in (0, 1, 2, 5) and sub > 1 and not c["ONE"] and tune.pipe:
             # the few-stream tile (its steps already in scan order): the next chunk's
             # loads first only where forced (pipe=True; not yet measured on a GPU)
             c["PIPE"] = True
@@ -338,6 +343,8 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
             # batch-major tiles were not measured with them
             c["FLIP"] = reverse and scalar_n and tune.flip
             c["EVEN"] = scalar_n and tune.even and N % block_n == 0 and T % block_t == 0
+        if phase in (4, 5) and device.type == "cuda" and not torch.version.hip:
+            c["SPIN"] = tune.spin or 0  # (inline PTX)
         pgrid = grid
         if phase == 3:  # the middle pass: one program per stream block, BLOCK_S maps a step
             pgrid = (grid[0], 1)
