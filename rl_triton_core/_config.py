@@ -58,10 +58,6 @@ class Tuning:
             each chunk of the loop over chunks (0: off); None: 2 where measured faster
             (time-major programs of one warp that walk all of T: 16384x512 0.70-0.79x;
             with time segments it was slower).
-        spin: how the look-back polls the other programs' statuses: 0 an atomic add of
-            zero with acquire semantics (an L2 read-modify-write, serialised per address),
-            1 (CUDA) a plain acquire load, 2 (CUDA) the same with a short sleep between
-            polls; None: the plan's choice.
         flip: time-major reverse scans load each chunk latest step first and scan
             forward (no cross-warp reversal of every value), in the look-back and in the
             loops over chunks that build the next chunk first (``pipe``) on one warp a
@@ -107,7 +103,6 @@ class Tuning:
     tm_steps: int = 16
     tm_few: bool | None = None
     prefetch: int | None = None
-    spin: int | None = None
     flip: bool = os.environ.get("RL_TRITON_CORE_FLIP", "1") == "1"
     even: bool = os.environ.get("RL_TRITON_CORE_EVEN", "1") == "1"
     pipe: bool | None = {"1": True, "0": False}.get(os.environ.get("RL_TRITON_CORE_PIPE", ""))
@@ -123,7 +118,6 @@ class Tuning:
         # (name, lowest, power of two, what the message says)
         for name, lo, pow2, what in (
                 ("prefetch", 0, False, "None or a whole number of chunks >= 0"),
-                ("spin", 0, False, "None, 0, 1 or 2"),
                 ("small_tokens", 0, False, "a whole number of tokens >= 0"),
                 ("look_window", 2, True, "a power of two >= 2"),
                 ("tm_steps", 16, True, "a power of two >= 16"),
@@ -131,13 +125,11 @@ class Tuning:
                 ("middle_elems", 2, True, "a power of two >= 2"),
                 ("programs_per_sm", 0, False, "a whole number >= 0")):
             v = getattr(self, name)
-            if v is None and name in ("segment_len", "prefetch", "spin"):
+            if v is None and name in ("segment_len", "prefetch"):
                 continue
             if (isinstance(v, bool) or not isinstance(v, int) or v < lo
                     or (pow2 and v & (v - 1))):
                 raise ValueError(f"{name} must be {what}, got {v!r}")
-        if self.spin is not None and self.spin > 2:
-            raise ValueError(f"spin must be None, 0, 1 or 2, got {self.spin!r}")
         # hashed once: the tuning is part of every cached launch's key
         fields = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
         object.__setattr__(self, "_hash", hash(fields))

@@ -11,8 +11,7 @@ bundled ``cuobjdump`` and ``nvdisasm``. Needs a Triton wheel with the NVIDIA bac
 ``BATCH=1``: batch-major ``[N, T]`` data instead. ``LAUNCH=k`` takes the call's k-th
 launch instead of its first (k = 2: the three launches' last; the count is then per call,
 not per variant). ``TTGIR=1`` also writes
-the kernel's TTGIR (its layouts) to /tmp, ``SASS=1`` its SASS; ``SPIN=k``: the look-back's
-``Tuning.spin`` (which a CPU call leaves at 0).
+the kernel's TTGIR (its layouts) to /tmp, ``SASS=1`` its SASS.
 """
 
 import collections
@@ -77,8 +76,6 @@ def _capture():
     skip = [int(os.environ.get("LAUNCH", "0"))]  # which launch of the call: 0 the first
 
     def run(self, *args, grid, warmup, **kw):
-        if os.environ.get("SPIN") and kw.get("PHASE") == 4:  # (CUDA only: CPU tensors here)
-            kw["SPIN"] = int(os.environ["SPIN"])
         kernel = real(self, *args, grid=grid, warmup=True, **kw)
         if skip[0] > 0:
             skip[0] -= 1

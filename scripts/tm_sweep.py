@@ -54,16 +54,13 @@ VARIANTS = {
     "tm512": dict(tile=(16, 512, 8), look_back=True),
     "tm1k": dict(tile=(16, 1024, 16), look_back=True),
     "tm1kw64": dict(tile=(16, 1024, 16), look_back=True, look_window=64),
-    # the look-back's polls: an atomic add of zero (0), an acquire load (1), with sleeps (2)
-    "spin0": dict(spin=0), "spin1": dict(spin=1), "spin2": dict(spin=2),
-    "lbrow4kw64s1": dict(tile=(1, 4096, 16), look_back=True, look_window=64, spin=1),
-    "lbrow4kw64s2": dict(tile=(1, 4096, 16), look_back=True, look_window=64, spin=2),
-    "lbrow4ks1": dict(tile=(1, 4096, 16), look_back=True, spin=1),
-    "tm512s1": dict(tile=(16, 512, 8), look_back=True, spin=1),
-    "tm512s2": dict(tile=(16, 512, 8), look_back=True, spin=2),
     # segmented plans of several chunks a segment in one launch (PHASE 5), not three
-    "ch": dict(chained=True), "chs1": dict(chained=True, spin=1),
-    "chs2": dict(chained=True, spin=2),
+    "ch": dict(chained=True),
+    # batch-major few long streams: the three launches over whole-row-sized tiles (one
+    # chunk a segment, all loads of a segment at once), where the look-back over the
+    # same tiles took several waves (1 program an SM at ~150 registers)
+    "row3l1k": dict(tile=(1, 1024, 8), look_back=False),
+    "row3l2k": dict(tile=(1, 2048, 16), look_back=False),
 }
 
 
@@ -94,10 +91,14 @@ def sweep(N, T, ests, names, batch=False):
         "lambda_returns": lambda: rc.lambda_returns(r, v, d, bootstrap_value=boot, time_dim=td),
         "vtrace": lambda: rc.vtrace(lr, r, v, d, bootstrap_value=boot, time_dim=td),
         "eligibility_traces": lambda: rc.eligibility_traces(x, d, time_dim=td),
+        "discounted_returns": lambda: rc.discounted_returns(r, d, bootstrap_value=boot,
+                                                            time_dim=td),
+        "episodic_cumsum": lambda: rc.episodic_cumsum(x, d, time_dim=td),
     }
     floors = {"gae_advantages": ([r, v, d], [boot], 1), "gae": ([r, v, d], [boot], 2),
               "lambda_returns": ([r, v, d], [boot], 1), "vtrace": ([lr, r, v, d], [boot], 2),
-              "eligibility_traces": ([x, d], [], 1)}
+              "eligibility_traces": ([x, d], [], 1), "discounted_returns": ([r, d], [boot], 1),
+              "episodic_cumsum": ([x, d], [], 1)}
     for e in ests:
         narrow, per_stream, n_out = floors[e]
         floor = gtime(make_floor(narrow, [], per_stream, n_out, shape, torch.float32))

@@ -440,33 +440,13 @@ def _build(X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, p
 
 
 @triton.jit
-def _status(FL, seg, valid, SPIN: tl.constexpr, SLEEP: tl.constexpr):
-    """The statuses at ``seg`` (where ``valid``), read with acquire semantics: SPIN 0 by
-    an atomic add of zero (portable; a read-modify-write, serialised at L2 per address),
-    else (CUDA) by a plain acquire load, after a short sleep where SLEEP."""
-    if SPIN == 0:
-        st = tl.atomic_add(FL + seg, 0, mask=valid, sem="acquire")
-    else:
-        p = FL + tl.where(valid, seg, 0)  # (no masks in inline PTX: a valid address)
-        if SLEEP:
-            st = tl.inline_asm_elementwise(
-                "nanosleep.u32 32;\n\tld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [p],
-                dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            st = tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l",
-                                           [p], dtype=tl.int32, is_pure=False, pack=1)
-    return st
-
-
-@triton.jit
-def _wait(FL, seg, valid, level: tl.constexpr, SPIN: tl.constexpr):
+def _wait(FL, seg, valid, level: tl.constexpr):
     """Spin until the status of every valid segment in ``seg`` is at least ``level``
     (the loop carries a scalar only: a tensor carried through it crashed triton 3.6's
-    layout pass). SPIN 2 sleeps between polls after the first (``_status``)."""
-    st = _status(FL, seg, valid, SPIN, False)
-    ready = (tl.min(tl.where(valid, st, level), axis=0) >= level).to(tl.int32)
+    layout pass)."""
+    ready = 0
     while ready == 0:
-        st = _status(FL, seg, valid, SPIN, SPIN == 2)
+        st = tl.atomic_add(FL + seg, 0, mask=valid, sem="acquire")
         ready = (tl.min(tl.where(valid, st, level), axis=0) >= level).to(tl.int32)
 
 
@@ -486,7 +466,7 @@ def _fold(PA, PB, rows, valid, n, nmask, N, dtype: tl.constexpr):
 
 @triton.jit
 def _look_back(WS, agg_a, agg_b, init, n, nf, nmask, pid_n, pid_s, N, S,
-               REVERSE: tl.constexpr, W: tl.constexpr, SPIN: tl.constexpr):
+               REVERSE: tl.constexpr, W: tl.constexpr):
     """PHASE 4 (one pass): the carry entering segment ``pid_s``, in an order of
     composition fixed by the segment's position, so the outputs repeat bit for bit.
 
@@ -522,7 +502,7 @@ def _look_back(WS, agg_a, agg_b, init, n, nf, nmask, pid_n, pid_s, N, S,
     seg = qq
     if REVERSE:
         seg = S - 1 - qq
-    _wait(FL, seg, valid, 1, SPIN)
+    _wait(FL, seg, valid, 1)
     tl.debug_barrier()
     ia, ib = _fold(PA, PB, seg, valid, nf, nmask, N, agg_a.dtype)
     if q % W == W - 1:  # the block's last segment: publish the block's map first
@@ -538,7 +518,7 @@ def _look_back(WS, agg_a, agg_b, init, n, nf, nmask, pid_n, pid_s, N, S,
         last = b * W + W - 1
         if REVERSE:
             last = S - 1 - last
-        _wait(FL, last, valid, 2, SPIN)
+        _wait(FL, last, valid, 2)
         tl.debug_barrier()
         ga, gb = _fold(PC, PC + n_full * N, b, valid, nf, nmask, N, agg_a.dtype)
         carry = _apply(ga, gb, carry)
@@ -555,7 +535,7 @@ def scan_kernel(
     BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, LOOK_W: tl.constexpr,
     ONE: tl.constexpr = False, I64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
     FLIP: tl.constexpr = False, EVEN: tl.constexpr = False, PIPE: tl.constexpr = False,
-    SUB: tl.constexpr = 1, SPIN: tl.constexpr = 0,
+    SUB: tl.constexpr = 1,
 ):
     """OUT0 (and OUT1, None for one output) = the scan of MODE over [N1, N2, T].
 
@@ -780,7 +760,7 @@ def scan_kernel(
                     agg_b = _column(B, cols, edge)
                 if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
                     carry = _look_back(WS, agg_a, agg_b, carry, n, nf, nmask, pid_n, pid_s, N, S,
-                                       REVERSE, LOOK_W, SPIN)
+                                       REVERSE, LOOK_W)
                     carry_seg = carry
                 if PHASE == 1 or (PHASE == 5 and rep == 0):
                     carry_a, carry_b = _combine(carry_a, carry_b, agg_a, agg_b)
@@ -842,7 +822,7 @@ def scan_kernel(
                             carry = _column(h, cols, edge)
             if PHASE == 5 and rep == 0:
                 carry = _look_back(WS, carry_a, carry_b, carry, n, nf, nmask, pid_n, pid_s, N,
-                                   S, REVERSE, LOOK_W, SPIN)
+                                   S, REVERSE, LOOK_W)
 
         if PHASE == 1:
             w_off = pid_s.to(tl.int64) * N + n

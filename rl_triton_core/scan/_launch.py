@@ -287,7 +287,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
                   PREFETCH=_prefetch(tune, scalar_n, S, num_warps, T, block_t)
                   if device.type == "cuda" and not torch.version.hip and sub == 1
                   else 0,  # (inline PTX)
-                  FLIP=False, EVEN=False, PIPE=False, SUB=sub, SPIN=0,
+                  FLIP=False, EVEN=False, PIPE=False, SUB=sub,
                   I64=tune.wide_index or _reach(strides, sizes3, block_n, block_t) >= 2**31)
     grid = (triton.cdiv(N, block_n), S)
     ws_spec = None
@@ -343,8 +343,6 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
             # batch-major tiles were not measured with them
             c["FLIP"] = reverse and scalar_n and tune.flip
             c["EVEN"] = scalar_n and tune.even and N % block_n == 0 and T % block_t == 0
-        if phase in (4, 5) and device.type == "cuda" and not torch.version.hip:
-            c["SPIN"] = tune.spin or 0  # (inline PTX)
         pgrid = grid
         if phase == 3:  # the middle pass: one program per stream block, BLOCK_S maps a step
             pgrid = (grid[0], 1)

@@ -47,12 +47,10 @@ def test_tuning_blocks_nest_decorate_and_restore():
             pass
     # tile sizes the kernel takes as aranges: powers of two (24 steps would not compile)
     for name, bad in (("tm_steps", 24), ("tm_steps", 8), ("segment_len", 48),
-                      ("segment_len", 8), ("middle_elems", 3000), ("programs_per_sm", -1),
-                      ("spin", 3), ("spin", -1), ("spin", True)):
+                      ("segment_len", 8), ("middle_elems", 3000), ("programs_per_sm", -1)):
         with pytest.raises(ValueError, match=name), rc.tuning(**{name: bad}):
             pass
-    with rc.tuning(segment_len=None, tm_steps=32, middle_elems=4096, programs_per_sm=0,
-                   spin=2):
+    with rc.tuning(segment_len=None, tm_steps=32, middle_elems=4096, programs_per_sm=0):
         pass
     assert rc.current_tuning() is base
 
