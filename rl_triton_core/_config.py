@@ -38,11 +38,6 @@ class Tuning:
             programs per multiprocessor.
         look_back: segmented plans as one launch with a look-back over the segments'
             maps (True), as three launches (False), or where measured to pay (None).
-        chained: segmented plans that do not take the look-back's chunk per program
-            (``look_back``) as one launch of a segment per program (its map from a first
-            pass over its inputs, the carry entering it from a look-back over the others'
-            maps, then its outputs from a second pass) instead of three launches; None:
-            the plan's choice.
         look_window: segments per block of the look-back, read at a time (a power of
             two >= 2).
         middle_elems: the middle pass's tile (streams x maps per step).
@@ -97,7 +92,6 @@ class Tuning:
     programs_per_sm: int = 8
     look_back: bool | None = {"1": True, "0": False}.get(
         os.environ.get("RL_TRITON_CORE_LOOKBACK", ""))
-    chained: bool | None = None
     look_window: int = 16
     middle_elems: int = 2048
     tm_steps: int = 16

@@ -42,8 +42,7 @@ VARIANTS = {"default": {}, "s32": dict(tm_steps=32), "three": dict(look_back=Fal
             "fewpipe": dict(tm_few=True, pipe=True),
             "lbrow2k": dict(tile=(1, 2048, 8), look_back=True),
             "lbrow4k": dict(tile=(1, 4096, 16), look_back=True),
-            "lbrow8k": dict(tile=(1, 8192, 16), look_back=True),
-            "ch": dict(chained=True)}
+            "lbrow8k": dict(tile=(1, 8192, 16), look_back=True)}
 
 
 class _Sm90(CudaDriver):

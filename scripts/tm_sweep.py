@@ -54,8 +54,6 @@ VARIANTS = {
     "tm512": dict(tile=(16, 512, 8), look_back=True),
     "tm1k": dict(tile=(16, 1024, 16), look_back=True),
     "tm1kw64": dict(tile=(16, 1024, 16), look_back=True, look_window=64),
-    # segmented plans of several chunks a segment in one launch (PHASE 5), not three
-    "ch": dict(chained=True),
     # batch-major few long streams: the three launches over whole-row-sized tiles (one
     # chunk a segment, all loads of a segment at once), where the look-back over the
     # same tiles took several waves (1 program an SM at ~150 registers)

@@ -26,9 +26,7 @@ carry leaving each segment, and PHASE 2 scans each segment again from the carry
 entering it and writes the outputs. PHASE 0 is the single-pass case (S = 1).
 Where all programs fit on the GPU at once, PHASE 4 does it in one launch instead:
 a chunk per program, the carry from a look-back over the other programs' maps
-(``_look_back``). PHASE 5 is the three launches' work in one (``Tuning.chained``): a
-segment per program, its map from a first pass over its inputs, the carry entering it
-from the look-back, then PHASE 2's pass.
+(``_look_back``).
 """
 
 from __future__ import annotations
@@ -554,7 +552,7 @@ def scan_kernel(
     each thread scans its steps in registers and only the sub-chunks' maps cross lanes.
     """
     tl.static_assert(SUB == 1 or PREFETCH == 0)
-    if PHASE == 4 or PHASE == 5:
+    if PHASE == 4:
         # segments in ticket order (the look-back waits only on started programs)
         ctr = (WS + 3 * S * N).to(tl.pointer_type(tl.int32)) + tl.cdiv(N, BLOCK_N) * S
         tk = tl.atomic_add(ctr, 1)
@@ -641,6 +639,9 @@ def scan_kernel(
 
         # carry entering this segment: init, or (PHASE 2) the one PHASE 3 left in the
         # workspace slot of the segment before it (after it, in reverse)
+        if PHASE == 1:
+            carry_a = zero
+            carry_b = zero + 1.0
         if PHASE == 2:
             if REVERSE:
                 prev = pid_s + 1
@@ -651,6 +652,7 @@ def scan_kernel(
             c_prev = tl.load(WS + prev * N + n, mask=nmask & has_prev, other=0)
             carry = tl.where(has_prev, c_prev.to(zero.dtype), carry)
 
+        carry_seg = carry
         # V'_{T-1} of the shifted form: one value per stream, read once
         boot = zero
         if BOOT is not None:
@@ -679,150 +681,138 @@ def scan_kernel(
             steps = BLOCK_T - 1 - cols
         else:
             steps = cols
-        # PHASE 5 (segments of several chunks in one launch): the segment's map first (as
-        # PHASE 1, from its inputs), then the carry entering it from the look-back over the
-        # other segments' maps, then the segment again from that carry (as PHASE 2: its
-        # inputs read a second time, from L2 where the segment is small)
-        for rep in tl.static_range(2 if PHASE == 5 else 1):
-            if PHASE == 1 or (PHASE == 5 and rep == 0):  # (the map only)
-                carry_a = zero
-                carry_b = zero + 1.0
-            carry_seg = carry
-            if PIPE:  # the first chunk's coefficients (in scan order), carried into the loop
+        if PIPE:  # the first chunk's coefficients (in scan order), carried into the loop
+            if REVERSE:
+                t0 = t_lo + (n_chunks - 1) * BLOCK_T + steps
+            else:
+                t0 = t_lo + steps
+            if I64:
+                t0 = t0.to(tl.int64)
+            n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut = _build(
+                X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO, STR,
+                o1, o2, t0, nm2 & (t0 < t_hi), T, MODE, REVERSE, UNIFORM, FP64)
+        for kk in tl.range(0, n_chunks, num_stages=STAGES):
+            if REVERSE:
+                k = n_chunks - 1 - kk
+            else:
+                k = kk
+            t = t_lo + k * BLOCK_T + steps
+            if I64:
+                t = t.to(tl.int64)
+            if EVEN:
+                m = tl.full(t.shape, 1, tl.int1) & nm2
+            else:
+                m = nm2 & (t < t_hi)
+            if PREFETCH > 0:
+                # the lines of the chunk PREFETCH ahead, one step per stream (row
+                # n % BLOCK_T of that chunk: a warp's 32 streams cover its steps)
                 if REVERSE:
-                    t0 = t_lo + (n_chunks - 1) * BLOCK_T + steps
+                    kp = k - PREFETCH
                 else:
-                    t0 = t_lo + steps
-                if I64:
-                    t0 = t0.to(tl.int64)
+                    kp = k + PREFETCH
+                tp = t_lo + kp * BLOCK_T + (n % BLOCK_T)
+                mp = nmask & (kp >= 0) & (kp < n_chunks) & (tp < t_hi)
+                _prefetch(X, K_X, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(V, K_V, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(NV, K_NV, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(TERM, K_TERM, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(TRUNC, K_TRUNC, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(RHO, K_RHO, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(G, K_G, STR, n1, n2, tp, mp, UNIFORM)
+                _prefetch(LM, K_LM, STR, n1, n2, tp, mp, UNIFORM)
+            if PIPE:
+                # the next chunk's loads and coefficients first, in flight while this one
+                # is scanned and stored (a load after this chunk's stores could not be
+                # moved above them: they may alias)
+                alpha, beta, v, p0, p1, vnext, cont, extra, cut = (
+                    n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut)
+                if REVERSE:
+                    tn = t - BLOCK_T
+                else:
+                    tn = t + BLOCK_T
+                mn = nm2 & (tn < t_hi) & (tn >= t_lo)
                 n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut = _build(
-                    X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO, STR,
-                    o1, o2, t0, nm2 & (t0 < t_hi), T, MODE, REVERSE, UNIFORM, FP64)
-            for kk in tl.range(0, n_chunks, num_stages=STAGES):
-                if REVERSE:
-                    k = n_chunks - 1 - kk
+                    X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
+                    STR, o1, o2, tn, mn, T, MODE, REVERSE, UNIFORM, FP64)
+            else:
+                alpha, beta, v, p0, p1, vnext, cont, extra, cut = _build(
+                    X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
+                    STR, o1, o2, t, m, T, MODE, REVERSE, UNIFORM, FP64)
+            alpha = tl.where(m, alpha, 0.0)
+            beta = tl.where(m, beta, 1.0)
+            if SUB > 1:
+                A, B, ea, eb, agg_a, agg_b = _sub_scan(alpha, beta, BLOCK_T // SUB, SUB)
+            else:
+                A, B = tl.associative_scan((alpha, beta), 1, _combine,
+                                           reverse=REVERSE and not FLIP)
+                if REVERSE and not FLIP:
+                    edge = 0
                 else:
-                    k = kk
-                t = t_lo + k * BLOCK_T + steps
-                if I64:
-                    t = t.to(tl.int64)
-                if EVEN:
-                    m = tl.full(t.shape, 1, tl.int1) & nm2
+                    edge = BLOCK_T - 1
+                agg_a = _column(A, cols, edge)
+                agg_b = _column(B, cols, edge)
+            if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
+                carry = _look_back(WS, agg_a, agg_b, carry, n, nf, nmask, pid_n, pid_s, N, S,
+                                   REVERSE, LOOK_W)
+                carry_seg = carry
+            if PHASE == 1:
+                carry_a, carry_b = _combine(carry_a, carry_b, agg_a, agg_b)
+            else:
+                if SUB > 1:  # the carry entering each sub-chunk, then its steps
+                    h = _apply(A, B, _apply(ea, eb, carry[:, None])[:, None, :])
+                    cs = carry_seg[:, None, None]
                 else:
-                    m = nm2 & (t < t_hi)
-                if PREFETCH > 0:
-                    # the lines of the chunk PREFETCH ahead, one step per stream (row
-                    # n % BLOCK_T of that chunk: a warp's 32 streams cover its steps)
-                    if REVERSE:
-                        kp = k - PREFETCH
-                    else:
-                        kp = k + PREFETCH
-                    tp = t_lo + kp * BLOCK_T + (n % BLOCK_T)
-                    mp = nmask & (kp >= 0) & (kp < n_chunks) & (tp < t_hi)
-                    _prefetch(X, K_X, STR, n1, n2, tp, mp, UNIFORM)
-                    _prefetch(V, K_V, STR, n1, n2, tp, mp, UNIFORM)
-                    _prefetch(NV, K_NV, STR, n1, n2, tp, mp, UNIFORM)
-                    _prefetch(TERM, K_TERM, STR, n1, n2, tp, mp, UNIFORM)
-                    _prefetch(TRUNC, K_TRUNC, STR, n1, n2, tp, mp, UNIFORM)
-                    _prefetch(RHO, K_RHO, STR, n1, n2, tp, mp, UNIFORM)
-                    _prefetch(G, K_G, STR, n1, n2, tp, mp, UNIFORM)
-                    _prefetch(LM, K_LM, STR, n1, n2, tp, mp, UNIFORM)
-                if PIPE:
-                    # the next chunk's loads and coefficients first, in flight while this one
-                    # is scanned and stored (a load after this chunk's stores could not be
-                    # moved above them: they may alias)
-                    alpha, beta, v, p0, p1, vnext, cont, extra, cut = (
-                        n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut)
-                    if REVERSE:
-                        tn = t - BLOCK_T
-                    else:
-                        tn = t + BLOCK_T
-                    mn = nm2 & (tn < t_hi) & (tn >= t_lo)
-                    n_alpha, n_beta, n_v, n_p0, n_p1, n_vnext, n_cont, n_extra, n_cut = _build(
-                        X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
-                        STR, o1, o2, tn, mn, T, MODE, REVERSE, UNIFORM, FP64)
-                else:
-                    alpha, beta, v, p0, p1, vnext, cont, extra, cut = _build(
-                        X, V, NV, TERM, TRUNC, RHO, G, LM, RB, CB, PB, boot, g, lm, rb, cb, pb, LO,
-                        STR, o1, o2, t, m, T, MODE, REVERSE, UNIFORM, FP64)
-                alpha = tl.where(m, alpha, 0.0)
-                beta = tl.where(m, beta, 1.0)
-                if SUB > 1:
-                    A, B, ea, eb, agg_a, agg_b = _sub_scan(alpha, beta, BLOCK_T // SUB, SUB)
-                else:
-                    A, B = tl.associative_scan((alpha, beta), 1, _combine,
-                                               reverse=REVERSE and not FLIP)
-                    if REVERSE and not FLIP:
-                        edge = 0
-                    else:
-                        edge = BLOCK_T - 1
-                    agg_a = _column(A, cols, edge)
-                    agg_b = _column(B, cols, edge)
-                if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
-                    carry = _look_back(WS, agg_a, agg_b, carry, n, nf, nmask, pid_n, pid_s, N, S,
-                                       REVERSE, LOOK_W)
-                    carry_seg = carry
-                if PHASE == 1 or (PHASE == 5 and rep == 0):
-                    carry_a, carry_b = _combine(carry_a, carry_b, agg_a, agg_b)
-                else:
-                    if SUB > 1:  # the carry entering each sub-chunk, then its steps
-                        h = _apply(A, B, _apply(ea, eb, carry[:, None])[:, None, :])
-                        cs = carry_seg[:, None, None]
-                    else:
-                        h = _apply(A, B, carry[:, None])
-                        cs = carry_seg[:, None]
-                    p_out = o1 * so1 + o2 * so2 + t * sot
-                    if MODE == VTRACE:
-                        # pg_t needs vs_{t+1}: stored by this program (this chunk, or the one after
-                        # it in time, processed before it); at the segment's end, V_{t+1} + carry.
-                        tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+                    h = _apply(A, B, carry[:, None])
+                    cs = carry_seg[:, None]
+                p_out = o1 * so1 + o2 * so2 + t * sot
+                if MODE == VTRACE:
+                    # pg_t needs vs_{t+1}: stored by this program (this chunk, or the one after
+                    # it in time, processed before it); at the segment's end, V_{t+1} + carry.
+                    tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+                    tl.debug_barrier()
+                    m_in = m & cont & (t + 1 < t_hi)
+                    vs_next = tl.load(OUT0 + p_out + sot, mask=m_in, other=0.0).to(h.dtype)
+                    vs_next = tl.where(t + 1 == t_hi, vnext + cs, vs_next)
+                    pg = p0 + tl.where(cont, p1 * vs_next, 0.0)
+                    tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
+                elif MODE == RETRACE:
+                    tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
+                elif MODE == VTRACE_BWD:
+                    g_r = p1 * h + p0
+                    tl.store(OUT0 + p_out, g_r.to(OUT0.dtype.element_ty), mask=m)
+                    if OUT1 is not None:
+                        # OUT0_{t-1}: stored by this program (this chunk or the one before
+                        # it); at the segment's start, from the carry entering it
                         tl.debug_barrier()
-                        m_in = m & cont & (t + 1 < t_hi)
-                        vs_next = tl.load(OUT0 + p_out + sot, mask=m_in, other=0.0).to(h.dtype)
-                        vs_next = tl.where(t + 1 == t_hi, vnext + cs, vs_next)
-                        pg = p0 + tl.where(cont, p1 * vs_next, 0.0)
-                        tl.store(OUT1 + p_out, pg.to(OUT1.dtype.element_ty), mask=m)
-                    elif MODE == RETRACE:
-                        tl.store(OUT0 + p_out, (h + v).to(OUT0.dtype.element_ty), mask=m)
-                    elif MODE == VTRACE_BWD:
-                        g_r = p1 * h + p0
-                        tl.store(OUT0 + p_out, g_r.to(OUT0.dtype.element_ty), mask=m)
-                        if OUT1 is not None:
-                            # OUT0_{t-1}: stored by this program (this chunk or the one before
-                            # it); at the segment's start, from the carry entering it
-                            tl.debug_barrier()
-                            r_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
-                                             other=0.0).to(h.dtype)
-                            r_prev = tl.where(t == t_lo, cont * cs + extra, r_prev)
-                            g_val = v - g_r + tl.where(cut, 0.0, vnext * r_prev)
-                            tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
-                    elif MODE == GAE_BWD or MODE == TD_BWD:
-                        tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
-                        if OUT1 is not None:
-                            # u_{t-1}: stored by this program (this chunk or the one before it);
-                            # at the segment's start, the carry entering it
-                            tl.debug_barrier()
-                            u_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
-                                             other=0.0).to(h.dtype)
-                            u_prev = tl.where(t == t_lo, cs, u_prev)
-                            g_val = tl.where(cut, 0.0, p1 * u_prev)
-                            if MODE == GAE_BWD:
-                                g_val = g_val + v - h
-                            tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
-                    elif MODE == GAE:
-                        tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
-                        if OUT1 is not None:  # (gae_advantages: the advantages only)
-                            tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
+                        r_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
+                                         other=0.0).to(h.dtype)
+                        r_prev = tl.where(t == t_lo, cont * cs + extra, r_prev)
+                        g_val = v - g_r + tl.where(cut, 0.0, vnext * r_prev)
+                        tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
+                elif MODE == GAE_BWD or MODE == TD_BWD:
+                    tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                    if OUT1 is not None:
+                        # u_{t-1}: stored by this program (this chunk or the one before it);
+                        # at the segment's start, the carry entering it
+                        tl.debug_barrier()
+                        u_prev = tl.load(OUT0 + p_out - sot, mask=m & (t > t_lo),
+                                         other=0.0).to(h.dtype)
+                        u_prev = tl.where(t == t_lo, cs, u_prev)
+                        g_val = tl.where(cut, 0.0, p1 * u_prev)
+                        if MODE == GAE_BWD:
+                            g_val = g_val + v - h
+                        tl.store(OUT1 + p_out, g_val.to(OUT1.dtype.element_ty), mask=m)
+                elif MODE == GAE:
+                    tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                    if OUT1 is not None:  # (gae_advantages: the advantages only)
+                        tl.store(OUT1 + p_out, (h + v).to(OUT1.dtype.element_ty), mask=m)
+                else:
+                    tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
+                if not ONE:
+                    if SUB > 1:
+                        carry = _apply(agg_a, agg_b, carry)
                     else:
-                        tl.store(OUT0 + p_out, h.to(OUT0.dtype.element_ty), mask=m)
-                    if not ONE:
-                        if SUB > 1:
-                            carry = _apply(agg_a, agg_b, carry)
-                        else:
-                            carry = _column(h, cols, edge)
-            if PHASE == 5 and rep == 0:
-                carry = _look_back(WS, carry_a, carry_b, carry, n, nf, nmask, pid_n, pid_s, N,
-                                   S, REVERSE, LOOK_W)
+                        carry = _column(h, cols, edge)
 
         if PHASE == 1:
             w_off = pid_s.to(tl.int64) * N + n

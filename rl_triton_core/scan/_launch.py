@@ -301,11 +301,6 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
         grid = (triton.cdiv(N, block_n) * S, 1)
         phases = (4,)
         ws_spec = ((3 * S * N + triton.cdiv(N, block_n) * S + 1,), wdt, True)
-    elif tune.chained:
-        # a segment per program in one launch: its map, the look-back, its outputs
-        grid = (triton.cdiv(N, block_n) * S, 1)
-        phases = (5,)
-        ws_spec = ((3 * S * N + triton.cdiv(N, block_n) * S + 1,), wdt, True)
     else:
         phases = (1, 3, 2)
         ws_spec = ((2, S, N), wdt, False)
@@ -316,7 +311,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
     launched = []
     for phase in phases:
         c = {**consts, "PHASE": phase}
-        if phase in (0, 1, 2, 5) and scalar_n and not c["ONE"] and sub == 1:
+        if phase in (0, 1, 2) and scalar_n and not c["ONE"] and sub == 1:
             # measured on the H100 (docs/notes.md, "The next chunk's loads first" and
             # "Time-major: lanes along time ..."): the next chunk's loads first,
             # TD(lambda) 0.53-0.83x, traces 0.92-1.0x; with the reverse scans' chunks
@@ -332,7 +327,7 @@ def launch(mode, layout, out0, out1, ins: dict, coefs: dict, reverse: bool, fp64
             # (FLIP without PIPE was 3.3x slower: ptxas then sinks each step's loads to
             # its use in the scan's chain, where PIPE's carried loads cannot move)
             c["FLIP"] = reverse and pipe and flip and tune.flip
-        elif phase in (0, 1, 2, 5) and sub > 1 and not c["ONE"] and tune.pipe:
+        elif phase in (0, 1, 2) and sub > 1 and not c["ONE"] and tune.pipe:
             # the few-stream tile (its steps already in scan order): the next chunk's
             # loads first only where forced (pipe=True; not yet measured on a GPU)
             c["PIPE"] = True

@@ -11,7 +11,6 @@ and off, under each plan, forced with the tuning knobs:
   (``segment_len=16`` makes every shape segmented, also T = 128);
 * ``look_back_natural``: the look-back forced on, time split where the planner splits it
   (as determinism_check.py's ``look_back`` at 50f9ca7);
-* ``chained``: the three launches' 128-step segments in one launch (``Tuning.chained``);
 * ``default``: whatever the planner picks (the look-back where it measured to pay:
   time-major 4096x128, 512x128 and 16x131072, batch-major 256x1024 on 132 SMs).
 
@@ -42,7 +41,6 @@ PLANS = {
     "three_launches": dict(segment_len=128, look_back=False),
     "look_back": dict(segment_len=16, look_back=True),
     "look_back_natural": dict(look_back=True),
-    "chained": dict(segment_len=128, look_back=False, chained=True),
     "default": dict(),
 }
 

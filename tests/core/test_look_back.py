@@ -46,7 +46,9 @@ BACKWARD = ["gae_shifted", "lambda_shifted", "vtrace_shifted", "vtrace_shifted_t
 
 # (17, 48): 3 segments (a block of 2 and a partial one) in several stream blocks, the last
 # one partial; (20, 80) took 3x as long (the reference's autograd walks T in Python)
-def _against_autograd(case, layout):
+@pytest.mark.parametrize("layout", [((3, 160), -1), ((80, 40), 0), ((17, 48), -1)])
+@pytest.mark.parametrize("case", BACKWARD)
+def test_look_back_forward_and_backward_fp64(case, layout, lb):
     """Outputs and gradients against autograd through the float64 reference."""
     shape, td = layout
     fn, wrt = ta.CASES[case]
@@ -66,41 +68,12 @@ def _against_autograd(case, layout):
     exp = torch.autograd.grad(sum((o * w).sum() for o, w in zip(want, weights)), ref_xs)
     for name, gg, wg in zip(wrt, got, exp):
         torch.testing.assert_close(gg, wg, rtol=1e-9, atol=1e-9, msg=f"d/d{name}")
-
-
-@pytest.mark.parametrize("layout", [((3, 160), -1), ((80, 40), 0), ((17, 48), -1)])
-@pytest.mark.parametrize("case", BACKWARD)
-def test_look_back_forward_and_backward_fp64(case, layout, lb):
-    """Outputs and gradients against autograd through the float64 reference."""
-    shape, td = layout
-    _against_autograd(case, layout)
     # every launch took PHASE 4 with more than one block of segments; at T = 160
     # (10 segments, 5 blocks) the blocks' maps take several windows
     assert lb and all(ph == [4] and S > 2 for S, _, ph in lb), lb
     if shape[1] == 160:
         assert all(S == 10 for S, _, _ in lb), lb
     if td == 0 or shape[0] == 20:
-        assert any(grid[0] > S for S, grid, _ in lb), lb  # several stream blocks
-
-
-@pytest.mark.parametrize("layout", [((3, 160), -1), ((80, 40), 0), ((17, 48), -1)])
-@pytest.mark.parametrize("case", BACKWARD)
-def test_chained_forward_and_backward_fp64(case, layout, lb, tuned):
-    """PHASE 5 (``Tuning.chained``: segments of several chunks in one launch, the
-    look-back between a segment's two passes): outputs and gradients against autograd
-    through the float64 reference, segments of two 16-step chunks (the last partial) in
-    blocks of 2."""
-    shape, td = layout
-    tuned(look_back=False)
-    tuned(chained=True)
-    tuned(segment_len=32)
-    if td == -1:  # (batch-major: 16-step chunks, as time-major's tm_steps)
-        tuned(tile=(2, 16, 1))
-    _against_autograd(case, layout)
-    assert lb and all(ph == [5] and S > 1 for S, _, ph in lb), lb
-    if shape[1] == 160:
-        assert all(S == 5 for S, _, _ in lb), lb  # 5 segments: blocks over several windows
-    if td == 0:
         assert any(grid[0] > S for S, grid, _ in lb), lb  # several stream blocks
 
 

@@ -1,7 +1,7 @@
-"""The one-launch segmented plans on the GPU, where the look-back really waits on other
-programs: PHASE 4 (a chunk per program) and PHASE 5 (``Tuning.chained``: a segment of
-several chunks per program), against the float64 reference on fresh random inputs; the
-launch is checked to have taken the plan."""
+"""The look-back (PHASE 4, a chunk per program) on the GPU, forced on with 16-step
+segments, where programs really wait on each other (128 segments a stream block), against
+the float64 reference on fresh random inputs; the launch is checked to have taken it.
+The interpreter's tests (test_look_back.py) cover the gradients and the windows."""
 
 import pytest
 import torch
@@ -12,12 +12,9 @@ import rl_triton_core.reference as ref
 
 pytestmark = pytest.mark.gpu
 
-# (N, T, time_dim, the chained plan's segment length): time-major thread-per-stream tiles
-# (several stream blocks; 16-step chunks) and two batch-major streams (512-step chunks),
-# 8 segments of several chunks each
-LAYOUTS = [(96, 2048, 0, 256), (2, 16384, -1, 2048)]
-PLANS = {"look_back": dict(look_back=True, segment_len=16),
-         "chained": dict(look_back=False, chained=True)}
+# (N, T, time_dim): time-major thread-per-stream tiles (several stream blocks) and two
+# batch-major streams
+LAYOUTS = [(96, 2048, 0), (2, 16384, -1)]
 
 
 def _calls(N, T, td, dtype, seed):
@@ -42,18 +39,16 @@ def _calls(N, T, td, dtype, seed):
     }, on
 
 
-@pytest.mark.parametrize("plan", list(PLANS))
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_one_launch_plans_against_reference(layout, plan, monkeypatch, tuned):
+def test_look_back_against_reference(layout, monkeypatch, tuned):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
     seen = spy_launch_consts(monkeypatch)
-    N, T, td, seg = layout
-    knobs = dict(PLANS[plan], cached_launch=False)
-    knobs.setdefault("segment_len", seg)
-    for k, v in knobs.items():
-        tuned(**{k: v})
+    N, T, td = layout
+    tuned(look_back=True)
+    tuned(segment_len=16)
+    tuned(cached_launch=False)
     seed = int(torch.randint(0, 2**31 - 1, ()).item())
     calls, on = _calls(N, T, td, torch.float32, seed)
     dev, cpu64 = on("cuda"), on("cpu")
@@ -67,5 +62,4 @@ def test_one_launch_plans_against_reference(layout, plan, monkeypatch, tuned):
             scale = float(w.abs().max())
             torch.testing.assert_close(o.double().cpu(), w, rtol=1e-4, atol=1e-4 * scale,
                                        msg=lambda m, name=name: f"{name} seed {seed}: {m}")
-    phase = 4 if plan == "look_back" else 5
-    assert seen and all(c["PHASE"] == phase for c in seen), seen
+    assert seen and all(c["PHASE"] == 4 for c in seen), seen
