@@ -76,7 +76,8 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
     and tensor), so the scan runs in registers and warp shuffles, without shared
     memory. Measured on the H200 (docs/notes.md, "Tile sweep on the H200"): 8 rows x 8 warps
     for GAE / TD(lambda), 4 x 4 for the others; 2 rows x 4 warps where that alone
-    fills the GPU and the larger tile would split time. Rows of 129-4096 steps
+    fills the GPU and the larger tile would split time; one stream, 1 row x 8 warps.
+    Rows of 129-4096 steps
     (float32) take a whole row per program in one chunk where there are at least as
     many rows as SMs: always for the light scans (traces, sums), and for the others
     up to 512 steps or where the chunk tiles would leave fewer than 4 programs per SM
@@ -117,8 +118,13 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
                 ept = 8 if tp > 1024 else 4
             block_n, block_t = 1, tp
             num_warps = max(1, min(16, tp // (32 * ept)))
-        elif block_n > np2:  # a stream or two: several warps per row, VEC steps per thread
-            block_t = max(16, min(tp, 32 * vec * num_warps // block_n))
+        elif np2 == 1:
+            # one stream: a one-row tile of 8 warps, VEC steps a thread (1024 float32
+            # steps a chunk). Measured on the H100 (docs/notes.md, "Few long streams,
+            # measured: ..."): 1x1000000 GAE 24.9 -> 15.8 us, traces 30.2 -> 17.9, against
+            # the two-row tile it replaces, whose second row was always masked
+            block_n, num_warps = 1, 8
+            block_t = max(16, min(tp, 32 * vec * num_warps))
         elif (_segments(N, T, block_n, block_t, device, tune, per_sm)[1] > 1
               and triton.cdiv(N, 2) >= 2 * _sm_count(device)):
             # enough streams to fill the GPU without splitting time if a program takes
@@ -203,7 +209,11 @@ def use_look_back(N: int, T: int, block_n: int, block_t: int, device,
     if tune.look_back is not None:
         return tune.look_back
     programs = triton.cdiv(N, block_n) * triton.cdiv(T, block_t)
-    return programs <= tune.programs_per_sm * _sm_count(device)
+    # (and a program of one stream at most 512 segments: one batch-major stream of
+    # 1,000,000 steps is 977 one-row tiles, and the look-back over 489 such tiles took
+    # 1.78x the three launches; docs/notes.md, "One batch-major stream: ...")
+    return (programs <= tune.programs_per_sm * _sm_count(device)
+            and (block_n > 1 or triton.cdiv(T, block_t) <= 512))
 
 
 # --------------------------------------------------------------------------- launch

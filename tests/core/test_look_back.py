@@ -116,3 +116,40 @@ def test_look_back_whole_tiles(case, layout, monkeypatch, lb):
         torch.testing.assert_close(o.double(), w, rtol=1e-4, atol=1e-4 * float(w.abs().max()))
     assert seen and all(c["PHASE"] == 4 and c["EVEN"] == (td == 0) for c in seen), seen
     assert all(c["FLIP"] == (td == 0 and c["REVERSE"]) for c in seen), seen
+
+
+@pytest.mark.parametrize("look_back", [False, True])
+@pytest.mark.parametrize("case", ["gae_shifted", "vtrace_shifted", "traces", "linrec_forward",
+                                  "linrec_reverse"])
+def test_one_stream_row_tile(case, look_back, monkeypatch, tuned):
+    """One batch-major stream: the plan's one-row tile on 8 warps (512 float64 steps a
+    chunk), in segments of two chunks (the last partial), as three launches and as the
+    look-back: outputs and gradients against autograd through the float64 reference."""
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    tuned(segment_len=1024)
+    tuned(look_back=look_back)
+    tuned(look_window=2)
+    tuned(cached_launch=False)
+    seen = spy_launch_consts(monkeypatch)
+    shape, td = (1, 2500), -1
+    fn, wrt = ta.CASES[case]
+    wrt = wrt.split()
+    inputs = ta._inputs(4321, shape, td, "cpu")
+    xs = [inputs[k].requires_grad_(True) for k in wrt]
+    out = fn(rc, dict(inputs, **dict(zip(wrt, xs))), td)
+    out = out if isinstance(out, tuple) else (out,)
+    ref_xs = [x.detach().clone().requires_grad_(True) for x in xs]
+    want = fn(ref, dict(inputs, **dict(zip(wrt, ref_xs))), td)
+    want = want if isinstance(want, tuple) else (want,)
+    for o, w in zip(out, want):
+        torch.testing.assert_close(o.detach(), w.detach(), rtol=1e-9, atol=1e-9)
+    g = torch.Generator().manual_seed(8)
+    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in want]
+    got = torch.autograd.grad(sum((o * w).sum() for o, w in zip(out, weights)), xs)
+    exp = torch.autograd.grad(sum((o * w).sum() for o, w in zip(want, weights)), ref_xs)
+    for name, gg, wg in zip(wrt, got, exp):
+        torch.testing.assert_close(gg, wg, rtol=1e-9, atol=1e-9, msg=f"d/d{name}")
+    phases = [4] if look_back else [1, 3, 2]
+    scans = [c for c in seen if c["PHASE"] != 3]
+    assert scans and all(c["BLOCK_N"] == 1 and c["BLOCK_T"] == 512 for c in scans), seen
+    assert [c["PHASE"] for c in seen[:len(phases)]] == phases, seen

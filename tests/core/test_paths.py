@@ -134,8 +134,8 @@ def test_plan_rules(monkeypatch, tuned):
     monkeypatch.setitem(_host._SM_COUNT, 0, 132)
     dev = torch.device("cuda", 0)
 
-    def plan(N, T, batch_major, mode=_table.MODE_GAE):
-        return _launch.plan(N, T, batch_major, dev, mode)
+    def plan(N, T, batch_major, mode=_table.MODE_GAE, elem_bytes=4):
+        return _launch.plan(N, T, batch_major, dev, mode, elem_bytes)
 
     assert plan(4096, 128, True) == (8, 128, 128, 1, 8, False, 1)
     assert plan(4096, 128, True, _table.MODE_VTRACE) == (4, 128, 128, 1, 4, False, 1)
@@ -151,6 +151,11 @@ def test_plan_rules(monkeypatch, tuned):
     assert plan(512, 4096, True, _table.MODE_TRACE)[:5] == (1, 4096, 4096, 1, 8)
     assert plan(100, 1024, True)[3] > 1  # fewer rows than SMs: time split
     assert plan(1024, 8192, True)[1] == 256  # beyond 4096 steps: chunks
+    # one stream: one row on 8 warps, 1024 float32 steps a chunk (512 float64)
+    assert plan(1, 1_000_000, True)[:3] == (1, 1024, 2048) and plan(1, 1_000_000, True)[4] == 8
+    assert plan(1, 1_000_000, True, _table.MODE_TRACE)[:2] == (1, 1024)
+    assert plan(1, 1_000_000, True, elem_bytes=8)[:2] == (1, 512)
+    assert plan(1, 100, True)[:2] == (1, 128)
     # without whole-row tiles (row_tiles=False): two rows a program fill the GPU without
     # splitting time; with too few streams even then, the default tile, time split
     tuned(row_tiles=False)
