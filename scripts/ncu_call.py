@@ -12,9 +12,8 @@ variant profiles the benchmark's same-bytes floor kernel instead.
 import sys
 
 import torch
-from tm_sweep import VARIANTS, _inputs, _tuned  # a sibling script
+from tm_sweep import VARIANTS, _inputs, _tuned, estimator_calls  # a sibling script
 
-import rl_triton_core as rc
 from rl_triton_core.bench.peers import make_floor
 
 
@@ -23,14 +22,8 @@ def main(argv):
     N, T = map(int, shape_s.rstrip("b").split("x"))
     batch = shape_s.endswith("b")
     shape, td = ((N, T), -1) if batch else ((T, N), 0)
-    r, v, x, lr, d, boot = _inputs(shape, N)
-    calls = {
-        "gae": (lambda: rc.gae(r, v, d, bootstrap_value=boot, time_dim=td), [r, v, d], [boot], 2),
-        "vtrace": (lambda: rc.vtrace(lr, r, v, d, bootstrap_value=boot, time_dim=td),
-                   [lr, r, v, d], [boot], 2),
-        "eligibility_traces": (lambda: rc.eligibility_traces(x, d, time_dim=td), [x, d], [], 1),
-    }
-    fn, narrow, per_stream, n_out = calls[est]
+    calls, floors = estimator_calls(*_inputs(shape, N), td)
+    fn, (narrow, per_stream, n_out) = calls[est], floors[est]
     if variant == "floor":
         f = make_floor(narrow, [], per_stream, n_out, shape, torch.float32)
     else:

@@ -42,9 +42,8 @@ VARIANTS = {
     "lb": dict(look_back=True), "lb3": dict(look_back=False),
     "lbw64s": dict(look_back=True, look_window=64, segment_len=2048),
     # batch-major few long streams: the look-back over whole-row-sized tiles (one
-    # program a segment of 2048-8192 steps: one wave, a short walk back), where the
-    # plan's look-back chunk is the 2-row tile's 256-512 steps (segment_len does not
-    # lengthen the look-back's chunk: lbw64s measured as lbw64)
+    # program a segment of 2048-8192 steps), longer than the plan's look-back chunk
+    # (segment_len does not lengthen the look-back's chunk: lbw64s measured as lbw64)
     "lbrow2k": dict(tile=(1, 2048, 8), look_back=True),
     "lbrow4k": dict(tile=(1, 4096, 16), look_back=True),
     "lbrow4kw64": dict(tile=(1, 4096, 16), look_back=True, look_window=64),
@@ -54,9 +53,9 @@ VARIANTS = {
     "tm512": dict(tile=(16, 512, 8), look_back=True),
     "tm1k": dict(tile=(16, 1024, 16), look_back=True),
     "tm1kw64": dict(tile=(16, 1024, 16), look_back=True, look_window=64),
-    # batch-major few long streams: the three launches over whole-row-sized tiles (one
-    # chunk a segment, all loads of a segment at once), where the look-back over the
-    # same tiles took several waves (1 program an SM at ~150 registers)
+    # batch-major few long streams: the three launches over one-row tiles (row3l1k is
+    # the plan's own tile for one stream since it measured 0.59-0.64x at 1x1000000; at
+    # 16x131072 both were slower)
     "row3l1k": dict(tile=(1, 1024, 8), look_back=False),
     "row3l2k": dict(tile=(1, 2048, 16), look_back=False),
 }
@@ -79,10 +78,9 @@ def _inputs(shape, N):
     return r, v, x, lr, torch.rand(shape, device="cuda") < 0.02, torch.randn(N, device="cuda")
 
 
-def sweep(N, T, ests, names, batch=False):
-    shape, td = ((N, T), -1) if batch else ((T, N), 0)
-    tag = "b" if batch else ""
-    r, v, x, lr, d, boot = _inputs(shape, N)
+def estimator_calls(r, v, x, lr, d, boot, td):
+    """Each estimator's call on these inputs, and its floor's arguments (the per-step
+    inputs, the per-stream ones, the number of outputs)."""
     calls = {
         "gae_advantages": lambda: rc.gae_advantages(r, v, d, bootstrap_value=boot, time_dim=td),
         "gae": lambda: rc.gae(r, v, d, bootstrap_value=boot, time_dim=td),
@@ -97,6 +95,13 @@ def sweep(N, T, ests, names, batch=False):
               "lambda_returns": ([r, v, d], [boot], 1), "vtrace": ([lr, r, v, d], [boot], 2),
               "eligibility_traces": ([x, d], [], 1), "discounted_returns": ([r, d], [boot], 1),
               "episodic_cumsum": ([x, d], [], 1)}
+    return calls, floors
+
+
+def sweep(N, T, ests, names, batch=False):
+    shape, td = ((N, T), -1) if batch else ((T, N), 0)
+    tag = "b" if batch else ""
+    calls, floors = estimator_calls(*_inputs(shape, N), td)
     for e in ests:
         narrow, per_stream, n_out = floors[e]
         floor = gtime(make_floor(narrow, [], per_stream, n_out, shape, torch.float32))

@@ -76,8 +76,8 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
     and tensor), so the scan runs in registers and warp shuffles, without shared
     memory. Measured on the H200 (docs/notes.md, "Tile sweep on the H200"): 8 rows x 8 warps
     for GAE / TD(lambda), 4 x 4 for the others; 2 rows x 4 warps where that alone
-    fills the GPU and the larger tile would split time; one stream, 1 row x 8 warps.
-    Rows of 129-4096 steps
+    fills the GPU and the larger tile would split time. One stream: 1 row x 8 warps
+    (H100, docs/notes.md, "One batch-major stream: ..."). Rows of 129-4096 steps
     (float32) take a whole row per program in one chunk where there are at least as
     many rows as SMs: always for the light scans (traces, sums), and for the others
     up to 512 steps or where the chunk tiles would leave fewer than 4 programs per SM
@@ -120,8 +120,8 @@ def plan(N: int, T: int, time_contiguous: bool, device, mode: str = _table.MODE_
             num_warps = max(1, min(16, tp // (32 * ept)))
         elif np2 == 1:
             # one stream: a one-row tile of 8 warps, VEC steps a thread (1024 float32
-            # steps a chunk). Measured on the H100 (docs/notes.md, "Few long streams,
-            # measured: ..."): 1x1000000 GAE 24.9 -> 15.8 us, traces 30.2 -> 17.9, against
+            # steps a chunk). Measured on the H100 (docs/notes.md, "One batch-major
+            # stream: ..."): 1x1000000 GAE 24.9 -> 15.8 us, traces 30.2 -> 17.9, against
             # the two-row tile it replaces, whose second row was always masked
             block_n, num_warps = 1, 8
             block_t = max(16, min(tp, 32 * vec * num_warps))
@@ -209,9 +209,10 @@ def use_look_back(N: int, T: int, block_n: int, block_t: int, device,
     if tune.look_back is not None:
         return tune.look_back
     programs = triton.cdiv(N, block_n) * triton.cdiv(T, block_t)
-    # (and a program of one stream at most 512 segments: one batch-major stream of
-    # 1,000,000 steps is 977 one-row tiles, and the look-back over 489 such tiles took
-    # 1.78x the three launches; docs/notes.md, "One batch-major stream: ...")
+    # (and a program of one stream at most 512 segments, so one float32 stream keeps the
+    # three launches from about the length where the two-row tile's 512-step chunks did
+    # (1056 programs): 1x1000000, 977 one-row chunks, in three launches measured 0.64x
+    # the plan before; docs/notes.md, "One batch-major stream: ...")
     return (programs <= tune.programs_per_sm * _sm_count(device)
             and (block_n > 1 or triton.cdiv(T, block_t) <= 512))
 

@@ -1,7 +1,8 @@
 """The look-back (PHASE 4, a chunk per program) on the GPU, forced on with 16-step
-segments, where programs really wait on each other (128 segments a stream block), against
-the float64 reference on fresh random inputs; the launch is checked to have taken it.
-The interpreter's tests (test_look_back.py) cover the gradients and the windows."""
+segments, where programs really wait on each other (128-1024 segments a stream block),
+and one batch-major stream under the plan's own choices, against float64 on fresh random
+inputs; the launches are checked to have taken the plan. The interpreter's tests
+(test_look_back.py) cover the gradients and the windows."""
 
 import pytest
 import torch
@@ -63,3 +64,34 @@ def test_look_back_against_reference(layout, monkeypatch, tuned):
             torch.testing.assert_close(o.double().cpu(), w, rtol=1e-4, atol=1e-4 * scale,
                                        msg=lambda m, name=name: f"{name} seed {seed}: {m}")
     assert seen and all(c["PHASE"] == 4 for c in seen), seen
+
+
+@pytest.mark.parametrize("T", [70_000, 600_000])
+def test_one_stream_plan_against_reference(T, monkeypatch, tuned):
+    """One batch-major stream under the plan's own choices: the one-row tile of 1024
+    float32 steps, as the look-back (69 chunks) and as three launches (586 chunks: more
+    than 512), against float64 on the CPU (the reference module at 70,000 steps; the
+    CPU path, itself checked against it, at 600,000, where the reference's loop takes
+    a minute)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    tuned(cached_launch=False)
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    calls, on = _calls(1, T, -1, torch.float32, seed)
+    cpu64 = {k: t.double() if t.is_floating_point() else t for k, t in on("cpu").items()}
+    want = {name: fn(ref if T < 100_000 else rc, cpu64) for name, fn in calls.items()}
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    seen = spy_launch_consts(monkeypatch)
+    dev = on("cuda")
+    for name, fn in calls.items():
+        got = fn(rc, dev)
+        got = got if isinstance(got, tuple) else (got,)
+        w = want[name] if isinstance(want[name], tuple) else (want[name],)
+        for o, ww in zip(got, w):
+            scale = float(ww.abs().max())
+            torch.testing.assert_close(o.double().cpu(), ww, rtol=1e-4, atol=1e-4 * scale,
+                                       msg=lambda m, name=name: f"{name} seed {seed}: {m}")
+    phases = [4] if T < 100_000 else [1, 3, 2]
+    assert len(seen) == len(phases) * len(calls), seen
+    assert [c["PHASE"] for c in seen[:len(phases)]] == phases, seen
+    assert all(c["BLOCK_N"] == 1 and c["BLOCK_T"] == 1024 for c in seen if c["PHASE"] != 3)

@@ -192,7 +192,9 @@ def test_plan_rules(monkeypatch, tuned):
     for (N, T, bm), want in {(4096, 128, False): True, (512, 128, False): True,
                              (256, 1024, True): True, (16, 131072, False): True,
                              (16, 131072, True): False, (1, 1_000_000, True): False,
-                             (1024, 4096, False): False, (256, 16384, False): False}.items():
+                             (1024, 4096, False): False, (256, 16384, False): False,
+                             # one stream: the look-back up to 512 one-row chunks
+                             (1, 524288, True): True, (1, 524289, True): False}.items():
         p = plan(N, T, bm)
         assert p[3] > 1 and _launch.use_look_back(N, T, p[0], p[1], dev) == want, (N, T)
 
