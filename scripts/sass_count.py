@@ -38,7 +38,8 @@ VARIANTS = {"default": {}, "s32": dict(tm_steps=32), "three": dict(look_back=Fal
             # few time-major streams (N < 32): (BLOCK_N, BLOCK_T, num_warps) tiles
             "t16x32w1": dict(tile=(16, 32, 1)), "t16x64w1": dict(tile=(16, 64, 1)),
             "t16x128w2": dict(tile=(16, 128, 2)), "t16x128w4": dict(tile=(16, 128, 4)),
-            "t16x256w8": dict(tile=(16, 256, 8)), "few": dict(tm_few=True),
+            "t16x256w8": dict(tile=(16, 256, 8)), "t16x128w8": dict(tile=(16, 128, 8)),
+            "t16x256w16": dict(tile=(16, 256, 16)), "few": dict(tm_few=True),
             "fewpipe": dict(tm_few=True, pipe=True),
             "lbrow2k": dict(tile=(1, 2048, 8), look_back=True),
             "lbrow4k": dict(tile=(1, 4096, 16), look_back=True),

@@ -53,6 +53,10 @@ VARIANTS = {
     "tm512": dict(tile=(16, 512, 8), look_back=True),
     "tm1k": dict(tile=(16, 1024, 16), look_back=True),
     "tm1kw64": dict(tile=(16, 1024, 16), look_back=True, look_window=64),
+    # the plan's [16, 256] tile there takes 206-223 registers on 8 warps (one program an
+    # SM, 12.5% occupancy): the same tile on 16 warps (128 registers), or [16, 128] on 8
+    # (128-198: two programs an SM)
+    "t16x256w16": dict(tile=(16, 256, 16)), "t16x128w8": dict(tile=(16, 128, 8)),
     # batch-major few long streams: the three launches over one-row tiles (row3l1k is
     # the plan's own tile for one stream since it measured 0.59-0.64x at 1x1000000; at
     # 16x131072 both were slower)
