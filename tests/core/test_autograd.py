@@ -104,11 +104,14 @@ def _inputs(seed, shape, td, device):
     return {k: t.to(device) for k, t in d.items()}
 
 
-def _check(case, shape, td, impl, seed, gradcheck="full"):
-    """gradcheck (``full``, ``fast`` or None) and the reference comparison of one case."""
-    fn, wrt = CASES[case]
+def _check(case, shape, td, device, seed, gradcheck="full", cases=CASES):
+    """gradcheck (``full``, ``fast`` or None) and the comparison of one case's outputs and
+    gradients (of a random weighting of the outputs) on ``device`` against autograd
+    through the float64 reference on CPU copies (``cases``: name -> (fn, the inputs
+    differentiated), as ``CASES``)."""
+    fn, wrt = cases[case]
     wrt = wrt.split()
-    inputs = _inputs(seed, shape, td, impl.device)
+    inputs = _inputs(seed, shape, td, device)
     for k in wrt:
         inputs[k].requires_grad_(True)
 
@@ -126,6 +129,8 @@ def _check(case, shape, td, impl, seed, gradcheck="full"):
     ref_xs = [x.detach().cpu().requires_grad_(True) for x in xs]
     want = f(ref, *ref_xs)
     want = want if isinstance(want, tuple) else (want,)
+    for o, w in zip(out, want):
+        torch.testing.assert_close(o.detach().cpu(), w.detach(), rtol=1e-9, atol=1e-9)
     g = torch.Generator().manual_seed(seed + 1)
     weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in want]
     got_grads = torch.autograd.grad(
@@ -143,7 +148,7 @@ def _check(case, shape, td, impl, seed, gradcheck="full"):
 def test_gradcheck_and_reference_gradients(case, layout, impl, seed):
     shape, td = layout
     # the interpreter is slow: full gradcheck only on the CPU path, fast mode elsewhere
-    _check(case, shape, td, impl, seed, gradcheck="full" if impl.name == "cpu" else "fast")
+    _check(case, shape, td, impl.device, seed, gradcheck="full" if impl.name == "cpu" else "fast")
 
 
 @pytest.mark.parametrize("layout", [((2, 4), -1), ((4, 2), 0)])
@@ -157,7 +162,7 @@ def test_gradcheck_and_reference_gradients(case, layout, impl, seed):
 def test_full_gradcheck_small(case, layout, impl, seed):
     """Full gradcheck on the kernels too, at shapes small enough for the interpreter."""
     shape, td = layout
-    _check(case, shape, td, impl, seed, gradcheck="full")
+    _check(case, shape, td, impl.device, seed, gradcheck="full")
 
 
 @pytest.mark.parametrize("which", [0, 1])
@@ -188,7 +193,7 @@ def test_reference_gradients_segmented(case, impl, seed, segments):
     # the tensor-threshold case: enough streams x segment starts (6 x 4) that a ratio
     # above a threshold meets a segment start on every seed
     shape = (6, 80) if case == "vtrace_shifted_tensor_coefs" else (2, 40)
-    _check(case, shape, -1, impl, seed, gradcheck=None)
+    _check(case, shape, -1, impl.device, seed, gradcheck=None)
 
 
 def test_gradients_flow_through_the_library_scan(monkeypatch):

@@ -49,25 +49,10 @@ BACKWARD = ["gae_shifted", "lambda_shifted", "vtrace_shifted", "vtrace_shifted_t
 @pytest.mark.parametrize("layout", [((3, 160), -1), ((80, 40), 0), ((17, 48), -1)])
 @pytest.mark.parametrize("case", BACKWARD)
 def test_look_back_forward_and_backward_fp64(case, layout, lb):
-    """Outputs and gradients against autograd through the float64 reference."""
+    """Outputs and gradients against autograd through the float64 reference
+    (``test_autograd._check``)."""
     shape, td = layout
-    fn, wrt = ta.CASES[case]
-    wrt = wrt.split()
-    inputs = ta._inputs(1234, shape, td, "cpu")
-    xs = [inputs[k].requires_grad_(True) for k in wrt]
-    out = fn(rc, dict(inputs, **dict(zip(wrt, xs))), td)
-    out = out if isinstance(out, tuple) else (out,)
-    ref_xs = [x.detach().clone().requires_grad_(True) for x in xs]
-    want = fn(ref, dict(inputs, **dict(zip(wrt, ref_xs))), td)
-    want = want if isinstance(want, tuple) else (want,)
-    for o, w in zip(out, want):
-        torch.testing.assert_close(o.detach(), w.detach(), rtol=1e-9, atol=1e-9)
-    g = torch.Generator().manual_seed(7)
-    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in want]
-    got = torch.autograd.grad(sum((o * w).sum() for o, w in zip(out, weights)), xs)
-    exp = torch.autograd.grad(sum((o * w).sum() for o, w in zip(want, weights)), ref_xs)
-    for name, gg, wg in zip(wrt, got, exp):
-        torch.testing.assert_close(gg, wg, rtol=1e-9, atol=1e-9, msg=f"d/d{name}")
+    ta._check(case, shape, td, "cpu", 1234, gradcheck=None)
     # every launch took PHASE 4 with more than one block of segments; at T = 160
     # (10 segments, 5 blocks) the blocks' maps take several windows
     assert lb and all(ph == [4] and S > 2 for S, _, ph in lb), lb
@@ -131,24 +116,7 @@ def test_one_stream_row_tile(case, look_back, monkeypatch, tuned):
     tuned(look_window=2)
     tuned(cached_launch=False)
     seen = spy_launch_consts(monkeypatch)
-    shape, td = (1, 2500), -1
-    fn, wrt = ta.CASES[case]
-    wrt = wrt.split()
-    inputs = ta._inputs(4321, shape, td, "cpu")
-    xs = [inputs[k].requires_grad_(True) for k in wrt]
-    out = fn(rc, dict(inputs, **dict(zip(wrt, xs))), td)
-    out = out if isinstance(out, tuple) else (out,)
-    ref_xs = [x.detach().clone().requires_grad_(True) for x in xs]
-    want = fn(ref, dict(inputs, **dict(zip(wrt, ref_xs))), td)
-    want = want if isinstance(want, tuple) else (want,)
-    for o, w in zip(out, want):
-        torch.testing.assert_close(o.detach(), w.detach(), rtol=1e-9, atol=1e-9)
-    g = torch.Generator().manual_seed(8)
-    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in want]
-    got = torch.autograd.grad(sum((o * w).sum() for o, w in zip(out, weights)), xs)
-    exp = torch.autograd.grad(sum((o * w).sum() for o, w in zip(want, weights)), ref_xs)
-    for name, gg, wg in zip(wrt, got, exp):
-        torch.testing.assert_close(gg, wg, rtol=1e-9, atol=1e-9, msg=f"d/d{name}")
+    ta._check(case, (1, 2500), -1, "cpu", 4321, gradcheck=None)
     phases = [4] if look_back else [1, 3, 2]
     scans = [c for c in seen if c["PHASE"] != 3]
     assert scans and all(c["BLOCK_N"] == 1 and c["BLOCK_T"] == 512 for c in scans), seen

@@ -83,31 +83,6 @@ def _spy(monkeypatch):
     return kernels, seen
 
 
-def _against_reference(case, shape, device, seed, grad_seed):
-    """Outputs and gradients (of a random weighting of the outputs) of ``case`` on
-    ``[T, N] = shape`` time-major inputs, against autograd through the float64
-    reference."""
-    fn, wrt = CASES[case]
-    wrt = wrt.split()
-    inputs = {k: (v.to(device) if torch.is_tensor(v) else v)
-              for k, v in ta._inputs(seed, shape, 0, "cpu").items()}
-    xs = [inputs[k].requires_grad_(True) for k in wrt]
-    out = fn(rc, dict(inputs, **dict(zip(wrt, xs))), 0)
-    out = out if isinstance(out, tuple) else (out,)
-    ref_in = {k: (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in inputs.items()}
-    ref_xs = [ref_in[k].clone().requires_grad_(True) for k in wrt]
-    want = fn(ref, dict(ref_in, **dict(zip(wrt, ref_xs))), 0)
-    want = want if isinstance(want, tuple) else (want,)
-    for o, w in zip(out, want):
-        torch.testing.assert_close(o.detach().cpu(), w.detach(), rtol=1e-9, atol=1e-9)
-    g = torch.Generator().manual_seed(grad_seed)
-    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in want]
-    got = torch.autograd.grad(sum((o * w.to(device)).sum() for o, w in zip(out, weights)), xs)
-    exp = torch.autograd.grad(sum((o * w).sum() for o, w in zip(want, weights)), ref_xs)
-    for name, gg, wg in zip(wrt, got, exp):
-        torch.testing.assert_close(gg.cpu(), wg, rtol=1e-9, atol=1e-9, msg=f"d/d{name}")
-
-
 @pytest.fixture
 def backend(monkeypatch, tuned):
     monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
@@ -125,7 +100,7 @@ def test_tm_few_forward_and_backward_fp64(case, plan, shape, device, backend, tu
     for k, v in knobs.items():
         tuned(**{k: v})
     kernels, seen = _spy(monkeypatch)
-    _against_reference(case, shape, device, 4321, 11)
+    ta._check(case, shape, 0, device, 4321, gradcheck=None, cases=CASES)
     # every scan launch split its chunks among the lanes left over, in the plan asked for
     # (with feature axes the streams are N x features: 32 or more keep a lane a stream)
     scans = [c for c in seen if "SUB" in c]
@@ -242,6 +217,6 @@ def test_tm_few_with_next_chunk_first(case, plan, device, backend, tuned, monkey
         tuned(**{k: v})
     tuned(pipe=True)
     _, seen = _spy(monkeypatch)
-    _against_reference(case, (75, 12), device, 99, 5)
+    ta._check(case, (75, 12), 0, device, 99, gradcheck=None, cases=CASES)
     loops = [c for c in seen if c.get("SUB", 1) > 1 and c["PHASE"] in (0, 1, 2)]
     assert loops and all(c["PIPE"] for c in loops), seen
