@@ -68,6 +68,8 @@ def use(on: bool):
     global _cuda_views
     cs = _cpu_c._cscan
     _cuda_views = None
+    if cs is None:  # no C extension: nothing allocates through it
+        return
     if on and module is not None:
         view = getattr(module, "view", None)
         cs.gpu_alloc(module.alloc, getattr(module, "plain", None),
