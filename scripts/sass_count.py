@@ -33,6 +33,7 @@ from rl_triton_core.scan import _launch
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 VARIANTS = {"default": {}, "s32": dict(tm_steps=32), "three": dict(look_back=False),
+            "lb": dict(look_back=True),
             "w4": dict(look_window=4), "w8": dict(look_window=8),
             "lb32": dict(look_back=True, segment_len=32, tm_steps=32),
             # few time-major streams (N < 32): (BLOCK_N, BLOCK_T, num_warps) tiles

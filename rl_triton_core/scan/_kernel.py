@@ -463,8 +463,23 @@ def _fold(PA, PB, rows, valid, n, nmask, N, dtype: tl.constexpr):
 
 
 @triton.jit
+def _window(FL, PC, b0, blk, nf, nmask, N, S, n_full, REVERSE: tl.constexpr, W: tl.constexpr,
+            dtype: tl.constexpr):
+    """The maps of blocks b0 .. b0 + W - 1 (those before ``blk``) composed, once the last
+    segment of each has published its block's map."""
+    b = b0 + tl.arange(0, W)
+    valid = b < blk
+    last = b * W + W - 1
+    if REVERSE:
+        last = S - 1 - last
+    _wait(FL, last, valid, 2)
+    tl.debug_barrier()
+    return _fold(PC, PC + n_full * N, b, valid, nf, nmask, N, dtype)
+
+
+@triton.jit
 def _look_back(WS, agg_a, agg_b, init, n, nf, nmask, pid_n, pid_s, N, S,
-               REVERSE: tl.constexpr, W: tl.constexpr):
+               REVERSE: tl.constexpr, W: tl.constexpr, CUT: tl.constexpr):
     """PHASE 4 (one pass): the carry entering segment ``pid_s``, in an order of
     composition fixed by the segment's position, so the outputs repeat bit for bit.
 
@@ -478,7 +493,9 @@ def _look_back(WS, agg_a, agg_b, init, n, nf, nmask, pid_n, pid_s, N, S,
     Waits are only on maps, never on another program's carry (no chain through the
     segments: a block's map waits on its own segments' maps only, so it is published
     before its last segment reads the blocks before it), and only on programs with an
-    earlier ticket, which have started: no deadlock.
+    earlier ticket, which have started: no deadlock. CUT (more segments than W: blocks
+    before this one exist): the windows of blocks whose maps a later cut discards (an
+    episode ends after them) are not read; the outputs are the same bits.
     """
     PA = WS
     PB = WS + S * N
@@ -510,16 +527,29 @@ def _look_back(WS, agg_a, agg_b, init, n, nf, nmask, pid_n, pid_s, N, S,
         tl.debug_barrier()
         tl.atomic_xchg(FL + pid_s, 2, sem="release")
     carry = init
-    for b0 in range(0, blk, W):  # the blocks before this one, W at a time
-        b = b0 + w
-        valid = b < blk
-        last = b * W + W - 1
-        if REVERSE:
-            last = S - 1 - last
-        _wait(FL, last, valid, 2)
-        tl.debug_barrier()
-        ga, gb = _fold(PC, PC + n_full * N, b, valid, nf, nmask, N, agg_a.dtype)
-        carry = _apply(ga, gb, carry)
+    if CUT:
+        # The blocks before this one matter only to streams whose carry crosses the
+        # segments before it in its block (else _apply below returns ia whatever they
+        # give); and of those, where the walk's last window of blocks cuts every such
+        # stream's carry (an episode ends in it), its last _apply returns that window's
+        # alpha whatever came before, so the windows before it are not read. The same
+        # bits either way.
+        cross = nmask & (ib != 0)
+        if (tl.sum(cross.to(tl.int32), axis=0) > 0) & (blk > 0):
+            b_last = (blk - 1) // W * W
+            la, lb = _window(FL, PC, b_last, blk, nf, nmask, N, S, n_full, REVERSE, W,
+                             agg_a.dtype)
+            more = (tl.sum((cross & (lb != 0)).to(tl.int32), axis=0) > 0).to(tl.int32)
+            for b0 in range(0, b_last * more, W):  # the windows before it, earliest first
+                ga, gb = _window(FL, PC, b0, blk, nf, nmask, N, S, n_full, REVERSE, W,
+                                 agg_a.dtype)
+                carry = _apply(ga, gb, carry)
+            carry = _apply(la, lb, carry)
+    else:
+        for b0 in range(0, blk, W):  # the blocks before this one, W at a time
+            ga, gb = _window(FL, PC, b0, blk, nf, nmask, N, S, n_full, REVERSE, W,
+                             agg_a.dtype)
+            carry = _apply(ga, gb, carry)
     return _apply(ia, ib, carry)
 
 
@@ -533,7 +563,7 @@ def scan_kernel(
     BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, STAGES: tl.constexpr, LOOK_W: tl.constexpr,
     ONE: tl.constexpr = False, I64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
     FLIP: tl.constexpr = False, EVEN: tl.constexpr = False, PIPE: tl.constexpr = False,
-    SUB: tl.constexpr = 1,
+    SUB: tl.constexpr = 1, LOOK_CUT: tl.constexpr = False,
 ):
     """OUT0 (and OUT1, None for one output) = the scan of MODE over [N1, N2, T].
 
@@ -753,7 +783,7 @@ def scan_kernel(
                 agg_b = _column(B, cols, edge)
             if PHASE == 4:  # one chunk per segment: its map, then the carry entering it
                 carry = _look_back(WS, agg_a, agg_b, carry, n, nf, nmask, pid_n, pid_s, N, S,
-                                   REVERSE, LOOK_W)
+                                   REVERSE, LOOK_W, LOOK_CUT)
                 carry_seg = carry
             if PHASE == 1:
                 carry_a, carry_b = _combine(carry_a, carry_b, agg_a, agg_b)

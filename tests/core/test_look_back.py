@@ -121,3 +121,39 @@ def test_one_stream_row_tile(case, look_back, monkeypatch, tuned):
     scans = [c for c in seen if c["PHASE"] != 3]
     assert scans and all(c["BLOCK_N"] == 1 and c["BLOCK_T"] == 512 for c in scans), seen
     assert [c["PHASE"] for c in seen[:len(phases)]] == phases, seen
+
+
+# where beta is 0 (an episode ends) within each 16-step segment of 16, in time order: none
+# (every program walks all the blocks before it), every segment, and a mix that leaves
+# programs whose last window of blocks cuts and others whose does not
+CUT_SEGMENTS = {"none": [], "all": list(range(16)), "mixed": [1, 4, 5, 9, 14]}
+
+
+@pytest.mark.parametrize("window", [2, 16])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("cuts", sorted(CUT_SEGMENTS))
+@pytest.mark.parametrize("layout", [((1, 256), -1), ((3, 256), -1), ((256, 3), 0)])
+def test_look_back_cuts(cuts, layout, reverse, window, lb, tuned, monkeypatch):
+    """The look-back skips the windows of blocks whose maps a later cut discards (a zero
+    beta), where blocks before a program's own exist (16 segments in blocks of 2: up to 4
+    windows; in one block of 16: none, and the kernel without that code), against the
+    float64 reference where segments cut for every stream, for some, and for none. A
+    stream without cuts shares the stream block where others have them, so a skip is
+    taken only where every stream whose carry crosses is cut."""
+    tuned(look_window=window)
+    seen = spy_launch_consts(monkeypatch)
+    shape, td = layout
+    g = torch.Generator().manual_seed(77 + len(CUT_SEGMENTS[cuts]))
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    beta = 0.5 + 0.5 * torch.rand(shape, generator=g, dtype=torch.float64)
+    bt = beta if td == -1 else beta.T  # [N, T] view
+    for s in CUT_SEGMENTS[cuts]:
+        steps = s * 16 + torch.randint(0, 16, (bt.shape[0],), generator=g)
+        bt[0, steps[0]] = 0.0
+        if bt.shape[0] > 2:
+            bt[2, steps[2]] = 0.0  # streams 0 and 2 cut, stream 1 never does
+    want = ref.linear_recurrence(x, beta, reverse=reverse, time_dim=td)
+    got = rc.linear_recurrence(x, beta, reverse=reverse, time_dim=td)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert lb and all(ph == [4] and S == 16 for S, _, ph in lb), lb
+    assert seen and all(c["LOOK_CUT"] == (window < 16) for c in seen), seen
