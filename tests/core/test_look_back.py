@@ -129,6 +129,20 @@ def test_one_stream_row_tile(case, look_back, monkeypatch, tuned):
 CUT_SEGMENTS = {"none": [], "all": list(range(16)), "mixed": [1, 4, 5, 9, 14]}
 
 
+class _NoCut:
+    """``scan_kernel`` with LOOK_CUT forced off (the full walk), for a bit comparison."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def __getitem__(self, grid):
+        run = self.kernel[grid]
+        return lambda *a, **c: run(*a, **{**c, "LOOK_CUT": False})
+
+
 @pytest.mark.parametrize("window", [2, 16])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("cuts", sorted(CUT_SEGMENTS))
@@ -136,24 +150,31 @@ CUT_SEGMENTS = {"none": [], "all": list(range(16)), "mixed": [1, 4, 5, 9, 14]}
 def test_look_back_cuts(cuts, layout, reverse, window, lb, tuned, monkeypatch):
     """The look-back skips the windows of blocks whose maps a later cut discards (a zero
     beta), where blocks before a program's own exist (16 segments in blocks of 2: up to 4
-    windows; in one block of 16: none, and the kernel without that code), against the
-    float64 reference where segments cut for every stream, for some, and for none. A
-    stream without cuts shares the stream block where others have them, so a skip is
-    taken only where every stream whose carry crosses is cut."""
+    windows; in one block of 16: none, and the kernel without that code): the same bits
+    as the full walk (LOOK_CUT forced off), NaN and -0.0 inputs included, and against
+    the float64 reference (beta near 1, so the earliest windows still count), where
+    segments cut for every stream, for some, and for none. A stream without cuts shares
+    the stream block where others have them, so a skip is taken only where every stream
+    whose carry crosses is cut."""
     tuned(look_window=window)
     seen = spy_launch_consts(monkeypatch)
     shape, td = layout
     g = torch.Generator().manual_seed(77 + len(CUT_SEGMENTS[cuts]))
     x = torch.randn(shape, generator=g, dtype=torch.float64)
-    beta = 0.5 + 0.5 * torch.rand(shape, generator=g, dtype=torch.float64)
-    bt = beta if td == -1 else beta.T  # [N, T] view
+    beta = 0.95 + 0.05 * torch.rand(shape, generator=g, dtype=torch.float64)
+    bt, xt = (beta, x) if td == -1 else (beta.T, x.T)  # [N, T] views
     for s in CUT_SEGMENTS[cuts]:
         steps = s * 16 + torch.randint(0, 16, (bt.shape[0],), generator=g)
         bt[0, steps[0]] = 0.0
         if bt.shape[0] > 2:
-            bt[2, steps[2]] = 0.0  # streams 0 and 2 cut, stream 1 never does
+            bt[2, steps[2]] = -0.0  # streams 0 and 2 cut, stream 1 never does
+    xt[0, 40] = float("nan")  # reaches only the steps after it before the next cut
+    xt[-1, 200] = -0.0
     want = ref.linear_recurrence(x, beta, reverse=reverse, time_dim=td)
     got = rc.linear_recurrence(x, beta, reverse=reverse, time_dim=td)
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
     assert lb and all(ph == [4] and S == 16 for S, _, ph in lb), lb
     assert seen and all(c["LOOK_CUT"] == (window < 16) for c in seen), seen
+    monkeypatch.setattr(_launch, "scan_kernel", _NoCut(_launch.scan_kernel))
+    full = rc.linear_recurrence(x, beta, reverse=reverse, time_dim=td)
+    assert torch.equal(got.view(torch.int64), full.view(torch.int64))
