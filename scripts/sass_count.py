@@ -23,6 +23,7 @@ import tempfile
 
 import torch
 import triton
+from tm_sweep import VARIANTS as SWEEP_VARIANTS  # a sibling script
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.driver import CudaDriver
 from triton.runtime import driver
@@ -32,19 +33,12 @@ import rl_triton_core as rc
 from rl_triton_core.scan import _launch
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-VARIANTS = {"default": {}, "s32": dict(tm_steps=32), "three": dict(look_back=False),
-            "lb": dict(look_back=True),
-            "w4": dict(look_window=4), "w8": dict(look_window=8),
-            "lb32": dict(look_back=True, segment_len=32, tm_steps=32),
-            # few time-major streams (N < 32): (BLOCK_N, BLOCK_T, num_warps) tiles
+# tm_sweep's variants (a sibling script), and tiles swept only here: few time-major
+# streams (N < 32), (BLOCK_N, BLOCK_T, num_warps)
+VARIANTS = {**SWEEP_VARIANTS,
             "t16x32w1": dict(tile=(16, 32, 1)), "t16x64w1": dict(tile=(16, 64, 1)),
             "t16x128w2": dict(tile=(16, 128, 2)), "t16x128w4": dict(tile=(16, 128, 4)),
-            "t16x256w8": dict(tile=(16, 256, 8)), "t16x128w8": dict(tile=(16, 128, 8)),
-            "t16x256w16": dict(tile=(16, 256, 16)), "few": dict(tm_few=True),
-            "fewpipe": dict(tm_few=True, pipe=True),
-            "lbrow2k": dict(tile=(1, 2048, 8), look_back=True),
-            "lbrow4k": dict(tile=(1, 4096, 16), look_back=True),
-            "lbrow8k": dict(tile=(1, 8192, 16), look_back=True)}
+            "t16x256w8": dict(tile=(16, 256, 8))}
 
 
 class _Sm90(CudaDriver):
