@@ -17,8 +17,12 @@ over groups and without synchronising the host: group ids are integers in
 ``[0, num_groups)``, and ``num_groups`` defaults to the batch size (an upper bound, so
 its value need not be read from the device). The per-group sums are accumulated in
 float64 with ``index_put_(accumulate=True)``, whatever the scores' dtype; the result is
-rounded once to the scores' dtype. On the CPU the accumulation is sequential, so results
-are bitwise repeatable; on CUDA, PyTorch sorts the indices for an accumulating
+rounded once to the scores' dtype. On CUDA a batch of up to 4,096 scores that needs no
+gradient is one Triton launch (the scores sorted by group, each group summed by a
+fixed-order scan: bitwise repeatable; a repeated call replays its recorded launch); larger
+batches, and scores that need a gradient, take PyTorch operations (about twenty
+launches), as the CPU does. On the CPU the accumulation is sequential, so results are
+bitwise repeatable; on CUDA, PyTorch sorts the indices for an accumulating
 ``index_put_``, and the float64 sums make the rounded result independent of their order
 in all but exceptional ties. Framework adapters (``rl_triton_verl`` and others) map their
 group labels (uid strings) to these ids on the host and broadcast the result over the
@@ -31,7 +35,8 @@ import numbers
 
 import torch
 
-from rl_triton_core import _validate
+from rl_triton_core import _config, _record, _validate
+from rl_triton_core.scan import _claunch, _cpu_c, _dispatch
 
 __all__ = ["group_advantages", "group_sizes"]
 
@@ -119,6 +124,13 @@ def group_advantages(scores: torch.Tensor, group: torch.Tensor, *, method: str =
         >>> rc.group_advantages(scores, group, method="rloo")
         tensor([ 1.0000, -0.5000, -0.5000,  0.0000,  0.0000,  3.0000])
     """
+    if type(scores) is torch.Tensor and type(method) is str and type(eps) in (float, int) \
+            and (num_groups is None or (type(num_groups) is int and num_groups >= 1)):
+        prefix = _prefix(method, eps)
+        res = _replay(prefix, scores, group)
+        if res is not None:
+            return res
+    raw = (scores, group)
     scores = _validate.floating("scores", _validate.tensor("scores", scores))
     if scores.dim() != 1:
         raise ValueError(f"scores must be 1-D [B] (one score per response), got shape "
@@ -132,6 +144,13 @@ def group_advantages(scores: torch.Tensor, group: torch.Tensor, *, method: str =
     group, num_groups = _check_group(scores.shape[0], scores.device, group, num_groups)
     if scores.shape[0] == 0:
         return torch.empty_like(scores, memory_format=torch.contiguous_format)
+    if _kernel_takes(scores, raw[1]):
+        from rl_triton_core.token import _group_kernel
+
+        out = torch.empty(scores.shape, dtype=scores.dtype, device=scores.device)
+        ran = _group_kernel.run(method, scores, raw[1], out, eps)
+        _remember(_prefix(method, eps), raw, ran, out)
+        return out
 
     s = scores.to(_F64)
     n = _segment_sum(torch.ones_like(s), group, num_groups)
@@ -149,3 +168,89 @@ def group_advantages(scores: torch.Tensor, group: torch.Tensor, *, method: str =
         std_i = var.sqrt()[group]
         adv = torch.where(single, s / (1.0 + float(eps)), centered / (std_i + float(eps)))
     return adv.to(scores.dtype)
+
+
+# ------------------------------------------------------------------ one launch on Triton
+# A batch of up to _group_kernel.MAX_B scores that needs no gradient runs as one Triton
+# launch (``token/_group_kernel.py``), recorded like the token estimators' launches: a
+# repeated call with the same key (shapes, strides, dtypes, devices; the method and eps
+# in the prefix) is launched again without the checks (``_record.Recorded``), on CUDA
+# from C where the extension is built (``scan/_claunch.py``). num_groups does not reach
+# the kernel (the groups are found by sorting), so it is not part of the key.
+
+
+def _prefix(method, eps):
+    return ("group_advantages", method, float(eps))
+
+
+def _kernel_takes(scores, group) -> bool:
+    """Whether the call runs as the one-launch kernel (else PyTorch operations: CPU
+    tensors, a batch over ``MAX_B``, a gradient to track, a traced or transformed call)."""
+    if _dispatch.backend_for(scores.device) != "triton":
+        return False  # (before the import: the CPU path never imports triton)
+    from rl_triton_core.token import _group_kernel
+
+    if (scores.shape[0] > _group_kernel.MAX_B or scores.is_neg()
+            or (scores.requires_grad and torch.is_grad_enabled())
+            or torch.compiler.is_compiling()
+            or torch._C._functorch.peek_interpreter_stack() is not None):
+        return False
+    return type(group) is torch.Tensor and not group.is_neg()
+
+
+def _replay(prefix, scores, group):
+    """The result of a recorded call with these arguments, or None (the full path runs):
+    the C replay first on CUDA, then the recorded launch in Python."""
+    if (not _dispatch._PLANS or not (scores.is_cuda or _config._current.cpu_plans)
+            or torch.compiler.is_compiling()):
+        return None
+    if _claunch.recorded and scores.is_cuda:
+        res = _cpu_c.replay(_dispatch._PLANS, _cprefix(prefix), (scores, group), 0,
+                            _config._current)
+        if res is not None:
+            return res
+    return _dispatch.cached(prefix, (scores, group))[1]
+
+
+_CPREFIX: dict = {}
+
+
+def _cprefix(prefix) -> bytes:
+    b = _CPREFIX.get(prefix)
+    if b is None:
+        b = _CPREFIX[prefix] = b"groups/" + repr(prefix).encode()
+    return b
+
+
+def _remember(prefix, raw, ran, out):
+    """Record the launch that just ran (``ran``: ``_group_kernel.run``'s), where caching
+    is on (CUDA; CPU tensors only under the tests' ``cpu_plans``) and the kernel read the
+    user's own tensors."""
+    tune = _config._current
+    device = out.device
+    if (not _dispatch._replay_ok or not tune.cached_launch or raw[0].requires_grad
+            or (device.type != "cuda" and not tune.cpu_plans)):
+        return
+    key = _dispatch.key_of(prefix, raw, tune)
+    if key is None:
+        return
+    from rl_triton_core import _tl
+
+    ((jit_fn, compiled, grid, consts, args),), ((ws, _),) = ran
+    placed, tensors = [], []
+    for pos, a in enumerate(args):
+        if a is out or a is ws:
+            placed.append((pos, int(a is ws)))
+        elif a is raw[0] or a is raw[1]:
+            tensors.append((pos, int(a is raw[1])))
+        elif isinstance(a, torch.Tensor):
+            return
+    allocs = [_record.Alloc(None, tuple(out.shape), out.dtype, device),
+              _record.Alloc(None, tuple(ws.shape), ws.dtype, device)]
+    rec = _record.Recorded(_tl.Replay(jit_fn, [(compiled, grid, consts)], len(args), device),
+                           args, tensors=tensors, allocs=allocs, placed=placed,
+                           returns=[(True, 0)])
+    _dispatch._store(key, rec)
+    if device.type == "cuda" and _claunch.enabled():
+        ckey = _claunch.key(_tl.knobs.runtime, _cprefix(prefix), raw, 0, tune)
+        _dispatch._store(ckey, _claunch.of_recorded(ckey, rec, args, len(raw), tune))

@@ -31,6 +31,7 @@ from triton.runtime.jit import JITFunction
 
 import rl_triton_core as rc
 from rl_triton_core.scan import _launch
+from rl_triton_core.token import _group_kernel  # noqa: F401 (compiled, not interpreted)
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 # tm_sweep's variants (a sibling script), and tiles swept only here: few time-major
@@ -103,7 +104,11 @@ def main(argv):
              "vtrace": lambda: rc.vtrace(lr, r, v, d, bootstrap_value=b, time_dim=td),
              "eligibility_traces": lambda: rc.eligibility_traces(r, d, time_dim=td),
              "lambda_returns": lambda: rc.lambda_returns(r, v, d, bootstrap_value=b,
-                                                         time_dim=td)}
+                                                         time_dim=td),
+             # N scores in groups of 8 (T is not read)
+             "group_advantages": lambda: rc.group_advantages(torch.randn(N), torch.arange(N) // 8),
+             "group_rloo": lambda: rc.group_advantages(torch.randn(N), torch.arange(N) // 8,
+                                                       method="rloo")}
     for name in names:
         with rc.tuning(cached_launch=False, **VARIANTS[name]):
             try:

@@ -211,3 +211,112 @@ def test_cuda_matches_cpu(method, dtype):
     assert a.device.type == "cuda" and torch.equal(a, b)  # repeatable
     _close(a.cpu(), reference.group_advantages(scores, group, method=method), dtype)
     _close(a.cpu(), cpu, dtype)
+
+
+# --- the one-launch Triton kernel (interpreter without CUDA, and on CUDA) ------------
+
+@pytest.fixture
+def kernel_runs(impl, tuned, monkeypatch):
+    """Counts the kernel's full launches and its replays (recorded calls, in Python or
+    in C); a fresh table of records. Skips the CPU path, which has no such kernel."""
+    if impl.name == "cpu":
+        pytest.skip("the one-launch kernel is the Triton path's")
+    from core_testlib import spy_c_replay
+
+    from rl_triton_core import _tl
+    from rl_triton_core.scan import _dispatch
+    from rl_triton_core.token import _group_kernel
+
+    if impl.is_interp:
+        tuned(cpu_plans=True)
+    monkeypatch.setattr(_dispatch, "_PLANS", {})
+    count = {"full": 0, "replay": 0}
+    real_run, real_replay = _group_kernel.run, _tl.Replay.__call__
+
+    def run(*a, **k):
+        count["full"] += 1
+        return real_run(*a, **k)
+
+    def replay(self, args):
+        count["replay"] += 1
+        return real_replay(self, args)
+
+    monkeypatch.setattr(_group_kernel, "run", run)
+    monkeypatch.setattr(_tl.Replay, "__call__", replay)
+
+    class Counted:  # a CUDA call repeated in C
+        @staticmethod
+        def append(res):
+            count["replay"] += 1
+
+    spy_c_replay(monkeypatch, Counted)
+    return count
+
+
+# the interpreter truncates float32 to bfloat16 (the GPU rounds): one bf16 ulp there
+_KTOL = {**TOL, torch.bfloat16: (2.0**-7, 1e-6)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("method", METHODS)
+def test_kernel_matches_reference(impl, kernel_runs, method, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    n_groups = int(torch.randint(1, 40, (1,), generator=gen))
+    scores, group = _batch(seed, n_groups=n_groups, dtype=dtype)
+    group = group.to([torch.int64, torch.int32, torch.int16][seed % 3])
+    s, g = scores.to(impl.device), group.to(impl.device)
+    before = s.clone()
+    got = rc.group_advantages(s, g, method=method, num_groups=4 * n_groups)
+    assert kernel_runs["full"] == 1 and got.dtype == dtype
+    assert torch.equal(s, before)
+    want = reference.group_advantages(scores, group, method=method)
+    rtol, atol = _KTOL[dtype]
+    torch.testing.assert_close(got.cpu().double(), want.double(), rtol=rtol, atol=atol)
+    again = rc.group_advantages(s, g, method=method, num_groups=4 * n_groups)
+    assert kernel_runs == {"full": 1, "replay": 1}  # the recorded launch, the same bits
+    assert torch.equal(again, got)
+
+
+def test_kernel_strided_views_and_ties(impl, kernel_runs):
+    """Scores and ids read through strides (every other element of a larger tensor),
+    groups of equal scores exactly 0, singletons s / (1 + eps)."""
+    x = torch.tensor([0.1, 0.1, 0.1, 7.3, 7.3, -2.2, -2.2, -2.2, -2.2, 5.0],
+                     dtype=torch.float32)
+    g = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])
+    xs = torch.stack([x, -x], 1).reshape(-1)[::2].to(impl.device)
+    gs = torch.stack([g, g + 7], 1).reshape(-1)[::2].to(impl.device)
+    assert xs.stride(0) == 2 and gs.stride(0) == 2
+    for method in METHODS:
+        got = rc.group_advantages(xs, gs, method=method).cpu()
+        assert torch.equal(got[:9], torch.zeros(9))
+        want = torch.tensor(5.0 / (1 + 1e-6) if method == "grpo" else 5.0)
+        assert torch.equal(got[9], want)
+    assert kernel_runs["full"] == 3
+
+
+def test_kernel_sizes_and_fallbacks(impl, kernel_runs, monkeypatch):
+    """One score; the largest batch one program holds; a larger batch, a gradient to
+    track and a call under grad mode go through PyTorch's operations instead."""
+    from rl_triton_core.token import _group_kernel
+
+    one = rc.group_advantages(torch.tensor([2.5], device=impl.device), torch.tensor(
+        [3], device=impl.device))
+    assert kernel_runs["full"] == 1 and one.item() == pytest.approx(2.5 / (1 + 1e-6))
+    monkeypatch.setattr(_group_kernel, "MAX_B", 64)
+    gen = torch.Generator().manual_seed(4)
+    scores = torch.randn(64, generator=gen, dtype=torch.float64)
+    group = torch.randint(0, 9, (64,), generator=gen)
+    s, g = scores.to(impl.device), group.to(impl.device)
+    for b, runs in ((64, 2), (63, 3)):  # at the limit (and below): the kernel
+        got = rc.group_advantages(s[:b], g[:b])
+        assert kernel_runs["full"] == runs
+        _close(got.cpu(), reference.group_advantages(scores[:b], group[:b]), torch.float64)
+    big = torch.cat([s, s[:1]]), torch.cat([g, g[:1]])  # 65: PyTorch's operations
+    _close(rc.group_advantages(*big).cpu(),
+           reference.group_advantages(big[0].cpu(), big[1].cpu()), torch.float64)
+    leaf = s[:8].clone().requires_grad_(True)
+    pairs = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2], device=impl.device)  # (no group of one)
+    torch.autograd.gradcheck(lambda t: rc.group_advantages(t, pairs), (leaf,))
+    with torch.no_grad():  # no gradient taken: the kernel, though the leaf asks for one
+        rc.group_advantages(leaf, pairs)
+    assert kernel_runs["full"] == 4
