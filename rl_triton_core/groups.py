@@ -34,6 +34,7 @@ from __future__ import annotations
 import numbers
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from rl_triton_core import _config, _record, _validate
 from rl_triton_core.scan import _claunch, _cpu_c, _dispatch
@@ -59,7 +60,7 @@ def _check_group(scores_len: int, device, group, num_groups):
         raise TypeError(f"num_groups must be an int, got {type(num_groups).__name__}")
     elif num_groups < 1 and scores_len > 0:
         raise ValueError(f"num_groups must be >= 1, got {num_groups}")
-    return group.long(), max(int(num_groups), 1)
+    return group, max(int(num_groups), 1)
 
 
 def _segment_sum(x: torch.Tensor, group: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -83,6 +84,7 @@ def group_sizes(group: torch.Tensor, *, num_groups: int | None = None) -> torch.
     if group.dim() != 1:
         raise ValueError(f"group must be 1-D [B], got shape {tuple(group.shape)}")
     group, num_groups = _check_group(group.shape[0], group.device, group, num_groups)
+    group = group.long()
     ones = torch.ones(group.shape, dtype=torch.int64, device=group.device)
     return _segment_sum(ones, group, num_groups)[group]
 
@@ -100,7 +102,9 @@ def group_advantages(scores: torch.Tensor, group: torch.Tensor, *, method: str =
     exactly verl 0.9.1's ``compute_grpo_outcome_advantage`` and
     ``compute_rloo_outcome_advantage`` (its per-group Python loops), accumulated in
     float64. Group ids need not be contiguous or sorted; an id outside
-    ``[0, num_groups)`` is an indexing error (not checked: that would read the device).
+    ``[0, num_groups)`` is not checked (that would read the device): PyTorch's
+    operations raise an indexing error, the one-launch kernel on CUDA makes it a group
+    of its own.
 
     Args:
         scores: ``[B]`` float tensor (any float dtype, bfloat16 included), one score
@@ -125,7 +129,8 @@ def group_advantages(scores: torch.Tensor, group: torch.Tensor, *, method: str =
         tensor([ 1.0000, -0.5000, -0.5000,  0.0000,  0.0000,  3.0000])
     """
     if type(scores) is torch.Tensor and type(method) is str and type(eps) in (float, int) \
-            and (num_groups is None or (type(num_groups) is int and num_groups >= 1)):
+            and (num_groups is None or (type(num_groups) is int and num_groups >= 1)) \
+            and _forward_ad._current_level < 0:
         prefix = _prefix(method, eps)
         res = _replay(prefix, scores, group)
         if res is not None:
@@ -144,13 +149,14 @@ def group_advantages(scores: torch.Tensor, group: torch.Tensor, *, method: str =
     group, num_groups = _check_group(scores.shape[0], scores.device, group, num_groups)
     if scores.shape[0] == 0:
         return torch.empty_like(scores, memory_format=torch.contiguous_format)
-    if _kernel_takes(scores, raw[1]):
+    if _kernel_takes(scores, raw[1], eps):
         from rl_triton_core.token import _group_kernel
 
         out = torch.empty(scores.shape, dtype=scores.dtype, device=scores.device)
         ran = _group_kernel.run(method, scores, raw[1], out, eps)
         _remember(_prefix(method, eps), raw, ran, out)
         return out
+    group = group.long()
 
     s = scores.to(_F64)
     n = _segment_sum(torch.ones_like(s), group, num_groups)
@@ -183,15 +189,21 @@ def _prefix(method, eps):
     return ("group_advantages", method, float(eps))
 
 
-def _kernel_takes(scores, group) -> bool:
+_EPS_LO, _EPS_HI = 1e-30, 1e30  # eps reaches the kernel as two float32s (``_host.split``)
+
+
+def _kernel_takes(scores, group, eps) -> bool:
     """Whether the call runs as the one-launch kernel (else PyTorch operations: CPU
-    tensors, a batch over ``MAX_B``, a gradient to track, a traced or transformed call)."""
+    tensors, a batch over ``MAX_B``, a gradient to track (forward-mode too), a traced or
+    transformed call, an eps that two float32s do not carry)."""
     if _dispatch.backend_for(scores.device) != "triton":
         return False  # (before the import: the CPU path never imports triton)
     from rl_triton_core.token import _group_kernel
 
     if (scores.shape[0] > _group_kernel.MAX_B or scores.is_neg()
             or (scores.requires_grad and torch.is_grad_enabled())
+            or _forward_ad._current_level >= 0  # (dual tensors: their tangents)
+            or not _EPS_LO <= abs(eps) <= _EPS_HI and eps != 0
             or torch.compiler.is_compiling()
             or torch._C._functorch.peek_interpreter_stack() is not None):
         return False

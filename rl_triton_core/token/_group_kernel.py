@@ -55,7 +55,7 @@ def group_kernel(S, G, OUT, WS, B, s_stride, g_stride, o_stride, eps_hi, eps_lo,
                  METHOD: tl.constexpr, BLOCK: tl.constexpr, OUT64: tl.constexpr):
     i = tl.arange(0, BLOCK)
     valid = i < B
-    g = tl.load(G + i * g_stride, mask=valid, other=0).to(tl.int64)
+    g = tl.load(G + i.to(tl.int64) * g_stride, mask=valid, other=0).to(tl.int64)
     big = tl.full([BLOCK], 0x7FFFFFFFFFFFFFFF, tl.int64)
     key = tl.where(valid, (g << _SHIFT) | i.to(tl.int64), big)  # padding sorts last
     key = tl.sort(key)
@@ -110,5 +110,9 @@ def run(method, scores, group, out, eps):
               g_stride=group.stride(0), o_stride=out.stride(0), eps_hi=hi, eps_lo=lo)
     consts = dict(METHOD=METHODS[method], BLOCK=block, OUT64=out.dtype == torch.float64)
     grid = (1, 1)
-    compiled, args = _tl.launch(group_kernel, grid, kw, consts, warps)
+    if scores.is_cuda and scores.device.index != torch.cuda.current_device():
+        with torch.cuda.device(scores.device):  # (Triton launches on the current device)
+            compiled, args = _tl.launch(group_kernel, grid, kw, consts, warps)
+    else:
+        compiled, args = _tl.launch(group_kernel, grid, kw, consts, warps)
     return [(group_kernel, compiled, grid, consts, args)], [(ws, False)]

@@ -320,3 +320,15 @@ def test_kernel_sizes_and_fallbacks(impl, kernel_runs, monkeypatch):
     with torch.no_grad():  # no gradient taken: the kernel, though the leaf asks for one
         rc.group_advantages(leaf, pairs)
     assert kernel_runs["full"] == 4
+    from torch.autograd import forward_ad as fwad
+
+    x = s[:8].clone()
+    with fwad.dual_level():  # forward mode: the tangent comes through (PyTorch's path)
+        out = rc.group_advantages(fwad.make_dual(x, torch.ones_like(x)), pairs)
+        assert fwad.unpack_dual(out).tangent is not None
+    ties = torch.tensor([1.0, 1.0, 2.0, 2.0], device=impl.device)
+    for eps in (1e-50, 1e40):  # eps that two float32s do not carry: PyTorch's path
+        got = rc.group_advantages(ties, torch.tensor([0, 0, 1, 1], device=impl.device),
+                                  eps=eps)
+        assert torch.equal(got.cpu(), torch.zeros(4))
+    assert kernel_runs["full"] == 4
