@@ -41,10 +41,10 @@ class _kernels_on:
     can still give the right numbers through peer access, so the numbers alone would
     not show a missing device guard)."""
 
-    def __init__(self, index):
+    def __init__(self, index, kernel="scan_kernel"):
         from torch.profiler import ProfilerActivity, profile
 
-        self.index = index
+        self.index, self.kernel = index, kernel
         self.prof = profile(activities=[ProfilerActivity.CUDA])
 
     def __enter__(self):
@@ -55,8 +55,8 @@ class _kernels_on:
         self.prof.__exit__(*exc)
         if exc[0] is None:
             names = [(e.name, e.device_index) for e in self.prof.events()
-                     if "scan_kernel" in e.name]
-            assert names, "the profiler saw no scan_kernel launch"
+                     if self.kernel in e.name]
+            assert names, f"the profiler saw no {self.kernel} launch"
             assert all(i == self.index for _, i in names), names
 
 
@@ -75,6 +75,30 @@ def test_runs_on_the_inputs_device(name, repeat, monkeypatch):
     for o, w in zip(out, want):
         assert o.device == torch.device("cuda:1")
         torch.testing.assert_close(o.double().cpu(), w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("repeat", [1, 2])
+@pytest.mark.parametrize("name", ["masked_gae", "masked_whiten", "group_advantages"])
+def test_llm_estimators_run_on_the_inputs_device(name, repeat, monkeypatch):
+    """The token kernels and group_advantages' one launch, on cuda:1 while cuda:0 is
+    current (the full path, then the recorded launch)."""
+    monkeypatch.setenv("RL_TRITON_CORE_BACKEND", "triton")
+    torch.cuda.set_device(0)
+    g = torch.Generator().manual_seed(3)
+    r, v = torch.randn(6, 40, generator=g), torch.randn(6, 40, generator=g)
+    m = torch.rand(6, 40, generator=g) < 0.8
+    s, ids = torch.randn(48, generator=g), torch.arange(48) // 6
+    calls = {"masked_gae": (lambda *a: rc.masked_gae(*a, gamma=1.0, lmbda=0.95, time_dim=-1)[0],
+                            (r, v, m), "token_scan_kernel"),
+             "masked_whiten": (rc.masked_whiten, (r, m), "kernel"),
+             "group_advantages": (rc.group_advantages, (s, ids), "group_kernel")}
+    fn, args, kernel = calls[name]
+    want = fn(*args)
+    for _ in range(repeat):
+        with _kernels_on(1, kernel):
+            out = fn(*[a.to("cuda:1") for a in args])
+    assert out.device == torch.device("cuda:1")
+    torch.testing.assert_close(out.double().cpu(), want.double(), rtol=1e-5, atol=1e-5)
 
 
 def test_gradients_on_the_inputs_device():
