@@ -66,8 +66,15 @@ def launch(jit_fn, grid, kw: dict, consts: dict, num_warps: int):
     """Launch ``jit_fn`` with its arguments by parameter name (``kw``: every argument
     that is not a constexpr; ``consts``: the constexprs). Returns (the compiled kernel,
     ``kw``'s values in the kernel's parameter order: what a record of the launch
-    replays). A parameter missing from ``kw`` raises KeyError."""
-    compiled = jit_fn[grid](**kw, **consts, num_warps=num_warps)
+    replays). A parameter missing from ``kw`` raises KeyError. Launched on the device of
+    the first CUDA tensor in ``kw`` (Triton launches on the current one)."""
+    device = next((v.device for v in kw.values()
+                   if isinstance(v, torch.Tensor) and v.is_cuda), None)
+    if device is not None and device.index != torch._C._cuda_getDevice():
+        with torch.cuda.device(device):
+            compiled = jit_fn[grid](**kw, **consts, num_warps=num_warps)
+    else:
+        compiled = jit_fn[grid](**kw, **consts, num_warps=num_warps)
     return compiled, [kw[n] for n in jit_fn.arg_names[:len(kw)]]
 
 

@@ -203,7 +203,7 @@ def _kernel_takes(scores, group, eps) -> bool:
     if (scores.shape[0] > _group_kernel.MAX_B or scores.is_neg()
             or (scores.requires_grad and torch.is_grad_enabled())
             or _forward_ad._current_level >= 0  # (dual tensors: their tangents)
-            or not _EPS_LO <= abs(eps) <= _EPS_HI and eps != 0
+            or not (eps == 0 or _EPS_LO <= eps <= _EPS_HI)
             or torch.compiler.is_compiling()
             or torch._C._functorch.peek_interpreter_stack() is not None):
         return False

@@ -260,10 +260,6 @@ def _run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src=None):
     """Run the kernels; on the Triton path return their launches (``_token_kernel.run``)."""
     if backend_for(r.device) == "triton":
         from rl_triton_core.token import _token_kernel
-        if r.is_cuda and r.device.index != torch.cuda.current_device():
-            with torch.cuda.device(r.device):  # (Triton launches on the current device)
-                return _token_kernel.run(mode, r, v, m, cu, g, gl, out0, out1, how,
-                                         whiten_src)
         return _token_kernel.run(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src)
     _run_cpu(mode, r, v, m, cu, g, gl, out0, out1, how, whiten_src)
     return None

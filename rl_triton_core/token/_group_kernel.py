@@ -110,9 +110,5 @@ def run(method, scores, group, out, eps):
               g_stride=group.stride(0), o_stride=out.stride(0), eps_hi=hi, eps_lo=lo)
     consts = dict(METHOD=METHODS[method], BLOCK=block, OUT64=out.dtype == torch.float64)
     grid = (1, 1)
-    if scores.is_cuda and scores.device.index != torch.cuda.current_device():
-        with torch.cuda.device(scores.device):  # (Triton launches on the current device)
-            compiled, args = _tl.launch(group_kernel, grid, kw, consts, warps)
-    else:
-        compiled, args = _tl.launch(group_kernel, grid, kw, consts, warps)
+    compiled, args = _tl.launch(group_kernel, grid, kw, consts, warps)
     return [(group_kernel, compiled, grid, consts, args)], [(ws, False)]

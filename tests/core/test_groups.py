@@ -275,6 +275,15 @@ def test_kernel_matches_reference(impl, kernel_runs, method, dtype, seed):
     again = rc.group_advantages(s, g, method=method, num_groups=4 * n_groups)
     assert kernel_runs == {"full": 1, "replay": 1}  # the recorded launch, the same bits
     assert torch.equal(again, got)
+    # after the record, what the full path refuses is still refused
+    with pytest.raises(ValueError, match="method"):
+        rc.group_advantages(s, g, method="ppo", num_groups=4 * n_groups)
+    with pytest.raises(ValueError, match="eps"):
+        rc.group_advantages(s, g, method=method, eps=-1.0, num_groups=4 * n_groups)
+    with pytest.raises(TypeError, match="num_groups"):
+        rc.group_advantages(s, g, method=method, num_groups=2.0)
+    with pytest.raises(TypeError, match="group"):
+        rc.group_advantages(s, g.to(dtype), method=method)
 
 
 def test_kernel_strided_views_and_ties(impl, kernel_runs):
