@@ -66,6 +66,13 @@ VARIANTS = {
     # 16x131072 both were slower)
     "row3l1k": dict(tile=(1, 1024, 8), look_back=False),
     "row3l2k": dict(tile=(1, 2048, 16), look_back=False),
+    # batch-major 128-step rows (512x128): the plan's [4, 128] tile on 4 warps (128
+    # programs) against fewer rows or warps a program
+    "b1w1": dict(tile=(1, 128, 1)), "b1w2": dict(tile=(1, 128, 2)),
+    "b2w1": dict(tile=(2, 128, 1)),
+    "b2w2": dict(tile=(2, 128, 2)), "b4w2": dict(tile=(4, 128, 2)),
+    "b4w4": dict(tile=(4, 128, 4)), "b8w4": dict(tile=(8, 128, 4)),
+    "b8w8": dict(tile=(8, 128, 8)),
 }
 
 
