@@ -102,14 +102,15 @@ if [[ $what == verl ]]; then
     -p no:cacheprovider -W ignore > "$OUT/verl_tests.log" 2>&1
   grep -E "^FAILED|^SKIPPED|passed|failed|error" "$OUT/verl_tests.log" | tail -10
 fi
-# owed: one call for what a change to the group and token launch paths owes the GPU, most
-# important first, each step bounded by what is left of OWED_BUDGET seconds (default 560,
-# inside one 600 s call): the group and token GPU tests, group_advantages' device time
-# and host cost (scripts/group_time.py), every estimator's host cost (host_cost.py
-# --quick), the 512x128 batch-major tile sweep (the light scans' tile against
-# rl-triton's one row a program), then the whole GPU suite in the time left
+# owed: one call of the measurements a change to the group and token launch paths owes the
+# GPU, most important first, each step bounded by what is left of OWED_BUDGET seconds
+# (default 540, inside one 600 s call): the group and token GPU tests, group_advantages'
+# device time and host cost (scripts/group_time.py), every estimator's host cost
+# (host_cost.py --quick), the 512x128 batch-major tiles (the light scans' tile against
+# rl-triton's one row a program) and the time-major tiles narrow in streams. The whole GPU
+# suite is a call of its own: TEST_FILES=tests TEST_TIMEOUT=400 ... tests
 if [[ $what == owed ]]; then
-  t0=$SECONDS budget=${OWED_BUDGET:-560}
+  t0=$SECONDS budget=${OWED_BUDGET:-540}
   left() { local l=$(( budget - (SECONDS - t0) )); (( l > $1 )) && echo "$1" || echo $(( l > 5 ? l : 5 )); }
   timeout $(left 150) python -m pytest tests/core/test_groups.py tests/core/test_token_replay.py \
     tests/core/test_tokens.py tests/core/test_c_launch.py -m "gpu and not slow" -q -rf -n 8 \
@@ -121,12 +122,9 @@ if [[ $what == owed ]]; then
   timeout $(left 80) python scripts/tm_sweep.py 512x128b \
     eligibility_traces,episodic_cumsum,discounted_returns,lambda_returns,vtrace \
     b1w1,b1w2,b2w1,b2w2,b4w2,b4w4,b8w4,b8w8 2>&1 | tee "$OUT/sweep_512x128b.txt"
-  gpus=$(nvidia-smi -L | wc -l); workers=$(( $(nproc) - 2 ))
-  OMP_NUM_THREADS=1 RL_TEST_GPUS=$gpus RL_TEST_FAIL_LOG=$OUT/gpu_failures.txt \
-    timeout $(left 9999) python -m pytest tests -m "gpu and not slow" -q -rf -n $workers \
-    -p no:cacheprovider -W ignore > "$OUT/gpu_tests.log" 2>&1
-  grep -E "^FAILED|passed|failed|error" "$OUT/gpu_tests.log" | tail -25
-  head -c 4000 "$OUT/gpu_failures.txt" 2>/dev/null
+  timeout $(left 150) python scripts/tm_sweep.py 4096x128,512x128,16384x512 \
+    gae,vtrace,eligibility_traces default,n2t128w1,n4t128w1,n4t128w2,n8t128w2,n8t128w4,n16t128w4,n8t256w4 \
+    2>&1 | tee "$OUT/sweep_tm_narrow.txt"
 fi
 # tests: the core GPU tests (TEST_FILES picks files); each failure's report is written
 # to gpu_failures.txt as it happens, so a run stopped by its time limit still names them

@@ -73,6 +73,14 @@ VARIANTS = {
     "b2w2": dict(tile=(2, 128, 2)), "b4w2": dict(tile=(4, 128, 2)),
     "b4w4": dict(tile=(4, 128, 4)), "b8w4": dict(tile=(8, 128, 4)),
     "b8w8": dict(tile=(8, 128, 8)),
+    # time-major tiles narrow in streams and long in time, without a stream a thread
+    # (SCALAR_N off): a row of 4-16 streams is 16-64 bytes (one or two sectors), and
+    # Triton puts the lanes along time, as in the batch-major tile (the earlier sweep
+    # of SCALAR_N off tried 64-512 streams, which put the lanes along the streams)
+    "n2t128w1": dict(tile=(2, 128, 1)), "n4t128w1": dict(tile=(4, 128, 1)),
+    "n4t128w2": dict(tile=(4, 128, 2)), "n8t128w2": dict(tile=(8, 128, 2)),
+    "n8t128w4": dict(tile=(8, 128, 4)), "n16t128w4": dict(tile=(16, 128, 4)),
+    "n8t256w4": dict(tile=(8, 256, 4)), "n8t512w8": dict(tile=(8, 512, 8)),
 }
 
 
