@@ -125,6 +125,8 @@ if [[ $what == owed ]]; then
   timeout $(left 150) python scripts/tm_sweep.py 4096x128,512x128,16384x512 \
     gae,vtrace,eligibility_traces default,n2t128w1,n4t128w1,n4t128w2,n8t128w2,n8t128w4,n16t128w4,n8t256w4 \
     2>&1 | tee "$OUT/sweep_tm_narrow.txt"
+  timeout $(left 100) python scripts/tm_sweep.py 512x4096,1024x4096 gae,eligibility_traces \
+    default,n4t128w1,n8t128w4,n8t256w4 2>&1 | tee -a "$OUT/sweep_tm_narrow.txt"
 fi
 # tests: the core GPU tests (TEST_FILES picks files); each failure's report is written
 # to gpu_failures.txt as it happens, so a run stopped by its time limit still names them
