@@ -105,7 +105,7 @@ fi
 # owed: one call of the measurements a change to the group and token launch paths owes the
 # GPU, most important first, each step bounded by what is left of OWED_BUDGET seconds
 # (default 540, inside one 600 s call): the group and token GPU tests, group_advantages'
-# device time and host cost (scripts/group_time.py), every estimator's host cost
+# device time and full call (scripts/group_time.py), every estimator's host cost
 # (host_cost.py --quick), the 512x128 batch-major tiles (the light scans' tile against
 # rl-triton's one row a program) and the time-major tiles narrow in streams. The whole GPU
 # suite is a call of its own: TEST_FILES=tests TEST_TIMEOUT=400 ... tests
@@ -121,12 +121,12 @@ if [[ $what == owed ]]; then
     > "$OUT/host_cost.md" 2>&1; tail -40 "$OUT/host_cost.md"
   timeout $(left 80) python scripts/tm_sweep.py 512x128b \
     eligibility_traces,episodic_cumsum,discounted_returns,lambda_returns,vtrace \
-    b1w1,b1w2,b2w1,b2w2,b4w2,b4w4,b8w4,b8w8 2>&1 | tee "$OUT/sweep_512x128b.txt"
+    t1x128w1,t1x128w2,t2x128w1,t2x128w2,t4x128w2,t8x128w4,t8x128w8 2>&1 | tee "$OUT/sweep_512x128b.txt"
   timeout $(left 150) python scripts/tm_sweep.py 4096x128,512x128,16384x512 \
-    gae,vtrace,eligibility_traces default,n2t128w1,n4t128w1,n4t128w2,n8t128w2,n8t128w4,n16t128w4,n8t256w4 \
+    gae,vtrace,eligibility_traces default,t2x128w1,t4x128w1,t4x128w2,t8x128w2,t8x128w4,t16x128w4,t8x256w4 \
     2>&1 | tee "$OUT/sweep_tm_narrow.txt"
   timeout $(left 100) python scripts/tm_sweep.py 512x4096,1024x4096 gae,eligibility_traces \
-    default,n4t128w1,n8t128w4,n8t256w4 2>&1 | tee -a "$OUT/sweep_tm_narrow.txt"
+    default,t4x128w1,t8x128w4,t8x256w4 2>&1 | tee -a "$OUT/sweep_tm_narrow.txt"
 fi
 # tests: the core GPU tests (TEST_FILES picks files); each failure's report is written
 # to gpu_failures.txt as it happens, so a run stopped by its time limit still names them

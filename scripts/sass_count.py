@@ -23,7 +23,7 @@ import tempfile
 
 import torch
 import triton
-from tm_sweep import VARIANTS as SWEEP_VARIANTS  # a sibling script
+from tm_sweep import variant  # a sibling script: its variants, and tNxTwW tiles
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.driver import CudaDriver
 from triton.runtime import driver
@@ -34,12 +34,6 @@ from rl_triton_core.scan import _launch
 from rl_triton_core.token import _group_kernel  # noqa: F401 (compiled, not interpreted)
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-# tm_sweep's variants (a sibling script), and tiles swept only here: few time-major
-# streams (N < 32), (BLOCK_N, BLOCK_T, num_warps)
-VARIANTS = {**SWEEP_VARIANTS,
-            "t16x32w1": dict(tile=(16, 32, 1)), "t16x64w1": dict(tile=(16, 64, 1)),
-            "t16x128w2": dict(tile=(16, 128, 2)), "t16x128w4": dict(tile=(16, 128, 4)),
-            "t16x256w8": dict(tile=(16, 256, 8))}
 
 
 class _Sm90(CudaDriver):
@@ -110,7 +104,7 @@ def main(argv):
              "group_rloo": lambda: rc.group_advantages(torch.randn(N), torch.arange(N) // 8,
                                                        method="rloo")}
     for name in names:
-        with rc.tuning(cached_launch=False, **VARIANTS[name]):
+        with rc.tuning(cached_launch=False, **variant(name)):
             try:
                 calls[est]()
                 print(name, "no kernel was launched")

@@ -14,6 +14,7 @@ so no segment's map cuts the carry).
 """
 
 import os
+import re
 import sys
 
 import torch
@@ -60,28 +61,24 @@ VARIANTS = {
     # the plan's [16, 256] tile there takes 206-223 registers on 8 warps (one program an
     # SM, 12.5% occupancy): the same tile on 16 warps (128 registers), or [16, 128] on 8
     # (128-198: two programs an SM)
-    "t16x256w16": dict(tile=(16, 256, 16)), "t16x128w8": dict(tile=(16, 128, 8)),
     # batch-major few long streams: the three launches over one-row tiles (row3l1k is
     # the plan's own tile for one stream since it measured 0.59-0.64x at 1x1000000; at
     # 16x131072 both were slower)
     "row3l1k": dict(tile=(1, 1024, 8), look_back=False),
     "row3l2k": dict(tile=(1, 2048, 16), look_back=False),
-    # batch-major 128-step rows (512x128): the plan's [4, 128] tile on 4 warps (128
-    # programs) against fewer rows or warps a program
-    "b1w1": dict(tile=(1, 128, 1)), "b1w2": dict(tile=(1, 128, 2)),
-    "b2w1": dict(tile=(2, 128, 1)),
-    "b2w2": dict(tile=(2, 128, 2)), "b4w2": dict(tile=(4, 128, 2)),
-    "b4w4": dict(tile=(4, 128, 4)), "b8w4": dict(tile=(8, 128, 4)),
-    "b8w8": dict(tile=(8, 128, 8)),
-    # time-major tiles narrow in streams and long in time, without a stream a thread
-    # (SCALAR_N off): a row of 4-16 streams is 16-64 bytes (one or two sectors), and
-    # Triton puts the lanes along time, as in the batch-major tile (the earlier sweep
-    # of SCALAR_N off tried 64-512 streams, which put the lanes along the streams)
-    "n2t128w1": dict(tile=(2, 128, 1)), "n4t128w1": dict(tile=(4, 128, 1)),
-    "n4t128w2": dict(tile=(4, 128, 2)), "n8t128w2": dict(tile=(8, 128, 2)),
-    "n8t128w4": dict(tile=(8, 128, 4)), "n16t128w4": dict(tile=(16, 128, 4)),
-    "n8t256w4": dict(tile=(8, 256, 4)), "n8t512w8": dict(tile=(8, 512, 8)),
 }
+
+
+_TILE = re.compile(r"t(\d+)x(\d+)w(\d+)")
+
+
+def variant(name):
+    """The tuning knobs of a variant: a name of ``VARIANTS``, or ``tNxTwW`` for the tile of
+    N rows (streams) by T steps on W warps (``tuning(tile=(N, T, W))``), in either layout:
+    e.g. ``t1x128w2`` (one row a program, rl-triton's tile for 128-step rows) or
+    ``t8x128w4`` (time-major: 8 streams of 32 bytes a row, Triton's lanes along time)."""
+    m = _TILE.fullmatch(name)
+    return dict(tile=tuple(map(int, m.groups()))) if m else VARIANTS[name]
 
 
 _TIMER = Timer("cuda", target_ms=20.0)
@@ -132,7 +129,7 @@ def sweep(N, T, ests, names, batch=False):
         print(f"{e} {N}x{T}{tag} FLOOR: {floor:.1f} us", flush=True)
         base = t0 = None
         for name in names:
-            f = _tuned(calls[e], VARIANTS[name])
+            f = _tuned(calls[e], variant(name))
             try:
                 out = f()
                 torch.cuda.synchronize()
